@@ -1,0 +1,3 @@
+from gpudaemon.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,226 @@
+"""Wiring in one place: backend -> cache -> (labels, metrics, history), the scheduler
+that drives the jobs, and the shutdown order."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from loguru import logger
+from prometheus_client import CollectorRegistry
+
+from gpudaemon.backends import Backend, make_backend
+from gpudaemon.cache import Cache
+from gpudaemon.config import Config
+from gpudaemon.errors import GpudaemonError, NvmlUnavailableError
+from gpudaemon.labels import LabelSet, NodeLabeler
+from gpudaemon.metrics.agent import AgentMetrics
+from gpudaemon.metrics.collector import GpuCollector, PodMap
+from gpudaemon.metrics.http import HttpServer, make_app
+from gpudaemon.schedule import CronScheduler
+from gpudaemon.sinks.local import FileSink, NfdSink, StdoutSink
+
+
+class LabelSink(Protocol):
+    name: str
+
+    def apply(self, ls: LabelSet) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class HistorySink(Protocol):
+    def write(self, snap: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def make_label_sink(cfg: Config, metrics: AgentMetrics) -> LabelSink:
+    to = cfg.labels.to
+    if to == "stdout":
+        return StdoutSink()
+    if to == "nfd":
+        return NfdSink(cfg.labels.nfd_path)
+    if to == "apiserver":
+        from gpudaemon.sinks import kube
+
+        creds = kube.find_credentials(cfg.kubernetes.kubeconfig)
+        if creds is None:
+            logger.warning(
+                "no Kubernetes credentials (not in a cluster, no kubeconfig): "
+                "writing labels to stdout instead of the API server"
+            )
+            return StdoutSink()
+        return kube.KubeSink(cfg, creds, metrics)
+    return FileSink(to)
+
+
+def make_history_sink(cfg: Config, registry: CollectorRegistry) -> HistorySink | None:
+    if not cfg.influxdb.url:
+        return None
+    from gpudaemon.sinks.influx import InfluxWriter
+
+    return InfluxWriter(cfg, registry)
+
+
+class Agent:
+    def __init__(
+        self,
+        cfg: Config,
+        backend: Backend | None = None,
+        registry: CollectorRegistry | None = None,
+        label_sink: LabelSink | None = None,
+        history_sink: HistorySink | None = None,
+        pods: Callable[[], PodMap] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.registry = registry or CollectorRegistry()
+        self.metrics = AgentMetrics(self.registry)
+        self.backend = backend or make_backend(cfg.simulate, seed=cfg.simulate_seed)
+        self.metrics.set_build(self.backend.name)
+        self.cache = Cache(clock)
+        self.labeler = NodeLabeler(cfg.labels.prefix)
+        self.label_sink = label_sink or make_label_sink(cfg, self.metrics)
+        self.history = history_sink if history_sink is not None else make_history_sink(
+            cfg, self.registry
+        )
+        self.registry.register(GpuCollector(self.cache, cfg.node_name, pods=pods, clock=clock))
+        self.scheduler = CronScheduler(on_overrun=lambda job: self.metrics.job_overruns.labels(job).inc())
+        self.http: HttpServer | None = None
+        self.stop_event = threading.Event()
+
+    # -- jobs --------------------------------------------------------------------
+
+    def _timed(self, job: str, fn: Callable[[], None]) -> bool:
+        """Run one job; a failure keeps the last good data, is counted and logged."""
+        start = time.perf_counter()
+        try:
+            fn()
+            return True
+        except GpudaemonError as e:
+            self.metrics.poll_errors.labels(job).inc()
+            logger.error("{} failed: {}", job, e)
+        except Exception as e:  # a bug must not kill the scheduler thread
+            self.metrics.poll_errors.labels(job).inc()
+            logger.opt(exception=e).error("{} failed unexpectedly: {}", job, e)
+        finally:
+            self.metrics.poll_duration_seconds.labels(job).observe(time.perf_counter() - start)
+        return False
+
+    def poll_inventory(self) -> bool:
+        return self._timed("inventory", lambda: self.cache.put_inventory(self.backend.inventory()))
+
+    def poll_telemetry(self) -> bool:
+        def run() -> None:
+            if self.cache.get().inventory is None:
+                self.cache.put_inventory(self.backend.inventory())
+            self.cache.put_samples(self.backend.sample())
+
+        return self._timed("telemetry", run)
+
+    def reconcile_labels(self) -> bool:
+        def run() -> None:
+            snap = self.cache.get()
+            if snap.inventory is None:
+                return
+            self.label_sink.apply(self.labeler.build(snap))
+
+        return self._timed("labels", run)
+
+    def flush_history(self) -> bool:
+        if self.history is None:
+            return True
+        history = self.history
+        return self._timed("history", lambda: history.write(self.cache.get()))
+
+    def run_once(self) -> bool:
+        """One full cycle, in data order. True when every step succeeded."""
+        ok = [self.poll_inventory(), self.poll_telemetry(), self.reconcile_labels(),
+              self.flush_history()]
+        return all(ok)
+
+    # -- readiness ---------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, str]:
+        age = self.cache.age_seconds()
+        if age is None:
+            return False, "not ready: no telemetry poll has finished yet"
+        bound = self.cfg.metrics.stale_after_seconds
+        if age > bound:
+            return False, f"not ready: newest reading is {age:.0f}s old (bound {bound:.0f}s)"
+        return True, f"ready: newest reading is {age:.1f}s old"
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def start_http(self) -> int:
+        self.http = HttpServer(self.cfg.metrics.listen, make_app(self.registry, self.readiness))
+        self.http.start()
+        logger.info("serving /metrics, /healthz, /readyz on {}", self.cfg.metrics.listen)
+        return self.http.port
+
+    def run(self, once: bool = False) -> int:
+        """Run until stop_event is set (SIGTERM/SIGINT), or one cycle with once=True."""
+        s = self.cfg.schedules
+        logger.info("gpudaemon starting: node={} backend={} labels->{}",
+                    self.cfg.node_name, self.backend.name, self.label_sink.name)
+        self.check_backend()
+        if once:
+            try:
+                return 0 if self.run_once() else 1
+            finally:
+                self.close()
+        self.start_http()
+        # First readings straight away, so /readyz and the labels don't wait a period.
+        self.poll_inventory()
+        self.poll_telemetry()
+        self.reconcile_labels()
+        self.scheduler.add("inventory", self.poll_inventory, s.inventory)
+        self.scheduler.add("telemetry", self.poll_telemetry, s.telemetry)
+        self.scheduler.add("labels", self.reconcile_labels, s.labels)
+        if self.history is not None:
+            self.scheduler.add("history", self.flush_history, s.history)
+        for name, fn, cron in self._extra_jobs():
+            self.scheduler.add(name, fn, cron)
+        self.scheduler.start()
+        self.stop_event.wait()
+        logger.info("stopping: finishing the current cycle")
+        self.close()
+        return 0
+
+    def check_backend(self) -> None:
+        """Fail fast (exit 2) when NVML is missing; other errors are retried by the jobs."""
+        try:
+            self.cache.put_inventory(self.backend.inventory())
+        except NvmlUnavailableError:
+            self.close()
+            raise
+        except GpudaemonError as e:
+            logger.error("first inventory failed, will retry on schedule: {}", e)
+
+    def _extra_jobs(self) -> list[tuple[str, Callable[[], Any], str]]:
+        """Jobs a sink asks for (e.g. the Kubernetes sink's Lease heartbeat)."""
+        jobs = getattr(self.label_sink, "jobs", None)
+        return list(jobs()) if callable(jobs) else []
+
+    def close(self) -> None:
+        """Shutdown order: stop polling, let running jobs finish, flush history, close
+        sinks and NVML, then stop serving."""
+        self.scheduler.shutdown(wait=True)
+        if self.history is not None:
+            self.flush_history()
+            try:
+                self.history.close()
+            except Exception as e:
+                logger.error("closing history: {}", e)
+        for closer in (self.label_sink.close, self.backend.close):
+            try:
+                closer()
+            except Exception as e:
+                logger.error("shutdown: {}", e)
+        if self.http is not None:
+            self.http.stop()
+            self.http = None

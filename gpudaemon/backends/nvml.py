@@ -1,0 +1,399 @@
+"""The only module that talks to NVML (through nvidia-ml-py's `pynvml`).
+
+Owns: lazy init under a lock, shutdown, versioned-symbol fallbacks (probed once),
+unit conversion (mW -> W, mJ -> J, MHz -> Hz, percent -> ratio), "not supported" ->
+None, GPU-lost isolation, and the XID event thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, TypeVar
+
+from loguru import logger
+
+from gpudaemon.backends.base import is_critical_xid
+from gpudaemon.errors import BackendError, NvmlUnavailableError
+from gpudaemon.model import GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
+
+T = TypeVar("T")
+
+
+class _Unsupported(Exception):
+    """A reading this GPU or driver does not offer: maps to None, never 0."""
+
+
+class _Lost(Exception):
+    """NVML_ERROR_GPU_IS_LOST for one GPU."""
+
+
+def _import_pynvml() -> ModuleType:
+    try:
+        import pynvml
+    except ImportError as e:  # pragma: no cover - nvidia-ml-py is a hard dependency
+        raise NvmlUnavailableError(f"cannot import pynvml (install nvidia-ml-py): {e}") from None
+    return pynvml
+
+
+class NvmlBackend:
+    """Backend over NVML. `nvml` may be a stand-in module with the same API (tests)."""
+
+    name = "nvml"
+
+    def __init__(self, nvml: ModuleType | None = None, xid_events: bool = True) -> None:
+        self._nvml = nvml or _import_pynvml()
+        self._lock = threading.Lock()
+        self._initialised = False
+        self._handles: list[Any] = []
+        self._infos: dict[int, GpuInfo] = {}
+        self._lost: set[int] = set()
+        self._xids: dict[int, dict[int, int]] = {}
+        self._xid_unhealthy: dict[int, str] = {}
+        self._warned: set[tuple[str, int]] = set()
+        self._memory_v2: bool | None = None  # probed once: nvmlDeviceGetMemoryInfo_v2 usable?
+        self._field_values: bool | None = None  # probed once: nvmlDeviceGetFieldValues usable?
+        self._want_xid_events = xid_events
+        self._stop = threading.Event()
+        self._xid_thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def _ensure_init(self) -> None:
+        if self._initialised:
+            return
+        n = self._nvml
+        try:
+            n.nvmlInit()
+        except n.NVMLError as e:
+            code = getattr(e, "value", None)
+            if code in (n.NVML_ERROR_LIBRARY_NOT_FOUND, n.NVML_ERROR_DRIVER_NOT_LOADED):
+                raise NvmlUnavailableError(
+                    f"NVML is not available ({e}); is the NVIDIA driver installed and the "
+                    "container started with the NVIDIA runtime? Use --simulate to run without a GPU"
+                ) from None
+            raise BackendError(f"nvmlInit failed: {e}") from None
+        except OSError as e:
+            raise NvmlUnavailableError(f"NVML is not available: {e}") from None
+        try:
+            count = n.nvmlDeviceGetCount()
+            self._handles = [n.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        except n.NVMLError as e:
+            raise BackendError(f"cannot enumerate GPUs: {e}") from None
+        self._initialised = True
+        if self._want_xid_events and self._handles:
+            self._xid_thread = threading.Thread(
+                target=self._xid_loop, name="nvml-xid-events", daemon=True
+            )
+            self._xid_thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._xid_thread is not None:
+            self._xid_thread.join(timeout=3)
+        with self._lock:
+            if self._initialised:
+                try:
+                    self._nvml.nvmlShutdown()
+                except self._nvml.NVMLError as e:
+                    logger.debug("nvmlShutdown: {}", e)
+                self._initialised = False
+
+    # -- error mapping -----------------------------------------------------------
+
+    def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        n = self._nvml
+        try:
+            return fn(*args)
+        except n.NVMLError as e:
+            code = getattr(e, "value", None)
+            if code == n.NVML_ERROR_GPU_IS_LOST:
+                raise _Lost() from None
+            if code in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_FUNCTION_NOT_FOUND):
+                raise _Unsupported() from None
+            raise
+        except AttributeError:  # an old binding without this symbol
+            raise _Unsupported() from None
+
+    def _read(self, index: int, what: str, fn: Callable[..., T], *args: Any) -> T | None:
+        """One reading: None when unsupported or failing (logged once); _Lost propagates."""
+        try:
+            return self._call(fn, *args)
+        except _Unsupported:
+            return None
+        except self._nvml.NVMLError as e:
+            if (what, index) not in self._warned:
+                self._warned.add((what, index))
+                logger.warning("GPU {}: reading {} failed: {}", index, what, e)
+            return None
+
+    # -- inventory ---------------------------------------------------------------
+
+    def inventory(self) -> NodeInventory:
+        with self._lock:
+            self._ensure_init()
+            n = self._nvml
+            driver = self._read(-1, "driver version", n.nvmlSystemGetDriverVersion) or ""
+            cuda_int = self._read(-1, "cuda version", n.nvmlSystemGetCudaDriverVersion)
+            cuda = (cuda_int // 1000, (cuda_int % 1000) // 10) if cuda_int else None
+            gpus = []
+            for i, h in enumerate(self._handles):
+                try:
+                    info = self._gpu_info(i, h)
+                    self._infos[i] = info
+                    self._lost.discard(i)
+                except _Lost:
+                    self._mark_lost(i)
+                    info = self._infos.get(i) or GpuInfo(
+                        index=i, uuid=f"unknown-{i}", name="unknown",
+                        memory_total_bytes=0, compute_capability=(0, 0),
+                    )
+                gpus.append(info)
+            return NodeInventory(
+                driver_version=_text(driver), cuda_driver_version=cuda, gpus=tuple(gpus)
+            )
+
+    def _gpu_info(self, i: int, h: Any) -> GpuInfo:
+        n = self._nvml
+        name = _text(self._call(n.nvmlDeviceGetName, h))
+        uuid = _text(self._call(n.nvmlDeviceGetUUID, h))
+        mem = self._memory(i, h)
+        cc = self._read(i, "compute capability", n.nvmlDeviceGetCudaComputeCapability, h)
+        pci = self._read(i, "pci info", n.nvmlDeviceGetPciInfo, h)
+        mig_mode = self._read(i, "mig mode", n.nvmlDeviceGetMigMode, h)
+        mig_enabled = bool(mig_mode and mig_mode[0] == n.NVML_DEVICE_MIG_ENABLE)
+        links = self._fields(i, h, [n.NVML_FI_DEV_NVLINK_LINK_COUNT]).get(
+            n.NVML_FI_DEV_NVLINK_LINK_COUNT
+        )
+        return GpuInfo(
+            index=i,
+            uuid=uuid,
+            name=name,
+            memory_total_bytes=int(mem.total) if mem is not None else 0,
+            compute_capability=(int(cc[0]), int(cc[1])) if cc else (0, 0),
+            pci_bus_id=_text(getattr(pci, "busId", "")) if pci is not None else "",
+            mig_capable=mig_mode is not None,
+            mig_enabled=mig_enabled,
+            mig_devices=self._mig_devices(i, h) if mig_enabled else (),
+            nvlink_links=int(links) if links is not None else None,
+        )
+
+    def _mig_devices(self, i: int, h: Any) -> tuple[MigDevice, ...]:
+        n = self._nvml
+        out = []
+        count = self._read(i, "mig count", n.nvmlDeviceGetMaxMigDeviceCount, h) or 0
+        for k in range(count):
+            try:
+                mh = self._call(n.nvmlDeviceGetMigDeviceHandleByIndex, h, k)
+            except (_Unsupported, n.NVMLError):
+                continue  # empty slot
+            name = _text(self._read(i, "mig name", n.nvmlDeviceGetName, mh) or "")
+            mem = self._memory(i, mh)
+            out.append(
+                MigDevice(
+                    uuid=_text(self._call(n.nvmlDeviceGetUUID, mh)),
+                    profile=name.rsplit(" ", 1)[-1] if " " in name else name,
+                    gpu_instance_id=int(self._read(i, "gi id", n.nvmlDeviceGetGpuInstanceId, mh) or 0),
+                    compute_instance_id=int(
+                        self._read(i, "ci id", n.nvmlDeviceGetComputeInstanceId, mh) or 0
+                    ),
+                    memory_total_bytes=int(mem.total) if mem is not None else 0,
+                )
+            )
+        return tuple(out)
+
+    # -- samples -----------------------------------------------------------------
+
+    def sample(self) -> tuple[GpuSample, ...]:
+        with self._lock:
+            self._ensure_init()
+            out = []
+            for i, h in enumerate(self._handles):
+                uuid = self._infos[i].uuid if i in self._infos else ""
+                try:
+                    out.append(self._sample_one(i, h, uuid))
+                except _Lost:
+                    self._mark_lost(i)
+                    out.append(
+                        GpuSample(index=i, uuid=uuid, healthy=False, health_reason="gpu lost",
+                                  lost=True, xid_errors_total=dict(self._xids.get(i, {})))
+                    )
+            return tuple(out)
+
+    def _sample_one(self, i: int, h: Any, uuid: str) -> GpuSample:
+        n = self._nvml
+        util = self._read(i, "utilization", n.nvmlDeviceGetUtilizationRates, h)
+        mem = self._memory(i, h)
+        temp = self._read(i, "temperature", n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU)
+        power_mw = self._read(i, "power", n.nvmlDeviceGetPowerUsage, h)
+        sm = self._read(i, "sm clock", n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM)
+        memclk = self._read(i, "memory clock", n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_MEM)
+        procs = self._read(i, "processes", n.nvmlDeviceGetComputeRunningProcesses, h)
+        fv = self._fields(
+            i, h,
+            [n.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, n.NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
+             n.NVML_FI_DEV_ECC_DBE_VOL_TOTAL],
+        )
+        energy_mj = fv.get(n.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION)
+        sbe = fv.get(n.NVML_FI_DEV_ECC_SBE_VOL_TOTAL)
+        dbe = fv.get(n.NVML_FI_DEV_ECC_DBE_VOL_TOTAL)
+        info = self._infos.get(i)
+        migs = tuple(self._mig_sample(i, m) for m in info.mig_devices) if info else ()
+        reason = "" if i not in self._xid_unhealthy else self._xid_unhealthy[i]
+        if dbe:
+            reason = reason or "ecc uncorrected errors"
+        return GpuSample(
+            index=i,
+            uuid=uuid,
+            healthy=not reason,
+            health_reason=reason,
+            gpu_utilization_ratio=util.gpu / 100.0 if util is not None else None,
+            memory_utilization_ratio=util.memory / 100.0 if util is not None else None,
+            memory_used_bytes=int(mem.used) if mem is not None else None,
+            memory_free_bytes=int(mem.free) if mem is not None else None,
+            memory_total_bytes=int(mem.total) if mem is not None else None,
+            temperature_celsius=float(temp) if temp is not None else None,
+            power_watts=power_mw / 1000.0 if power_mw is not None else None,
+            energy_joules_total=energy_mj / 1000.0 if energy_mj is not None else None,
+            sm_clock_hertz=sm * 1e6 if sm is not None else None,
+            memory_clock_hertz=memclk * 1e6 if memclk is not None else None,
+            ecc_corrected_errors_total=int(sbe) if sbe is not None else None,
+            ecc_uncorrected_errors_total=int(dbe) if dbe is not None else None,
+            process_count=len(procs) if procs is not None else None,
+            xid_errors_total=dict(self._xids.get(i, {})),
+            mig=migs,
+        )
+
+    def _mig_sample(self, i: int, m: MigDevice) -> MigSample:
+        n = self._nvml
+        try:
+            mh = self._call(n.nvmlDeviceGetHandleByUUID, m.uuid.encode())
+        except (_Unsupported, n.NVMLError):
+            return MigSample(uuid=m.uuid)
+        mem = self._memory(i, mh)
+        return MigSample(
+            uuid=m.uuid,
+            memory_used_bytes=int(mem.used) if mem is not None else None,
+            memory_total_bytes=int(mem.total) if mem is not None else None,
+        )
+
+    def _memory(self, i: int, h: Any) -> Any:
+        """Memory info, preferring _v2 (reserved memory excluded), probed once."""
+        n = self._nvml
+        if self._memory_v2 is not False:
+            try:
+                mem = self._call(n.nvmlDeviceGetMemoryInfo, h, n.nvmlMemory_v2)
+                self._memory_v2 = True
+                return mem
+            except (_Unsupported, TypeError, n.NVMLError):
+                if self._memory_v2 is None:
+                    logger.info("nvmlDeviceGetMemoryInfo_v2 unavailable; using v1")
+                self._memory_v2 = False
+        return self._read(i, "memory", n.nvmlDeviceGetMemoryInfo, h)
+
+    def _fields(self, i: int, h: Any, ids: list[int]) -> dict[int, float]:
+        """Batched reads through nvmlDeviceGetFieldValues; absent ids are unsupported."""
+        n = self._nvml
+        if self._field_values is False:
+            return {}
+        try:
+            values = self._call(n.nvmlDeviceGetFieldValues, h, ids)
+        except _Unsupported:
+            if self._field_values is None:
+                logger.info("nvmlDeviceGetFieldValues unavailable; energy/ECC/NVLink absent")
+            self._field_values = False
+            return {}
+        except n.NVMLError as e:
+            if ("field values", i) not in self._warned:
+                self._warned.add(("field values", i))
+                logger.warning("GPU {}: nvmlDeviceGetFieldValues failed: {}", i, e)
+            return {}
+        self._field_values = True
+        out: dict[int, float] = {}
+        for v in values:
+            if v.nvmlReturn == n.NVML_ERROR_GPU_IS_LOST:
+                raise _Lost()
+            if v.nvmlReturn != n.NVML_SUCCESS:
+                continue
+            out[int(v.fieldId)] = _field_value(n, v)
+        return out
+
+    # -- health and XID events ---------------------------------------------------
+
+    def _mark_lost(self, i: int) -> None:
+        if i not in self._lost:
+            self._lost.add(i)
+            logger.error("GPU {} is lost (fell off the bus); other GPUs carry on", i)
+
+    def _xid_loop(self) -> None:
+        n = self._nvml
+        try:
+            evset = n.nvmlEventSetCreate()
+        except n.NVMLError as e:
+            logger.warning("XID events unavailable: {}", e)
+            return
+        by_handle: dict[int, int] = {}
+        for i, h in enumerate(self._handles):
+            try:
+                n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, evset)
+                by_handle[_handle_key(h)] = i
+            except n.NVMLError as e:
+                logger.warning("GPU {}: XID events unavailable: {}", i, e)
+        while not self._stop.is_set():
+            try:
+                data = n.nvmlEventSetWait(evset, 1000)
+            except n.NVMLError as e:
+                if getattr(e, "value", None) == n.NVML_ERROR_TIMEOUT:
+                    continue
+                logger.warning("XID event wait failed: {}; retrying", e)
+                self._stop.wait(1.0)
+                continue
+            i = by_handle.get(_handle_key(data.device), -1)
+            xid = int(data.eventData)
+            self.record_xid(i, xid)
+        try:
+            n.nvmlEventSetFree(evset)
+        except n.NVMLError:
+            pass
+
+    def record_xid(self, index: int, xid: int) -> None:
+        """Count one XID on a GPU (called by the event thread)."""
+        counts = self._xids.setdefault(index, {})
+        counts[xid] = counts.get(xid, 0) + 1
+        level = "ERROR" if is_critical_xid(xid) else "WARNING"
+        logger.log(level, "GPU {}: XID {} reported by the driver", index, xid)
+        if is_critical_xid(xid) and index not in self._xid_unhealthy:
+            self._xid_unhealthy[index] = f"xid {xid}"
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _handle_key(h: Any) -> int:
+    """A stable key for an NVML device handle (a ctypes pointer or a test object)."""
+    contents = getattr(h, "contents", None)
+    if contents is not None:
+        try:
+            import ctypes
+
+            return ctypes.addressof(contents)
+        except TypeError:
+            pass
+    return id(h)
+
+
+def _field_value(n: ModuleType, v: Any) -> float:
+    t = v.valueType
+    if t == n.NVML_VALUE_TYPE_DOUBLE:
+        return float(v.value.dVal)
+    if t == n.NVML_VALUE_TYPE_UNSIGNED_INT:
+        return float(v.value.uiVal)
+    if t == n.NVML_VALUE_TYPE_UNSIGNED_LONG:
+        return float(v.value.ulVal)
+    if t == n.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
+        return float(v.value.sllVal)
+    if t == n.NVML_VALUE_TYPE_SIGNED_INT:
+        return float(v.value.siVal)
+    return float(v.value.ullVal)

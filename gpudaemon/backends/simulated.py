@@ -1,0 +1,358 @@
+"""Simulated GPUs: a first-class backend for demos, tests and benchmarks.
+
+Readings are a pure function of (seed, GPU index, poll number, elapsed time), so a
+seeded run is reproducible. Faults (XID, lost GPU, ECC) fire at a configured time or
+poll and behave like their NVML counterparts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gpudaemon.backends.base import is_critical_xid
+from gpudaemon.errors import ProfileError
+from gpudaemon.model import MIB, GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
+
+BUILTIN_PROFILES = ("dgx-h100", "a100-mig", "mixed")
+
+# MIG profile name -> memory in MiB, for the profiles our simulated A100/H100s offer.
+_MIG_MEMORY_MIB = {
+    "1g.5gb": 4864,
+    "1g.10gb": 9856,
+    "1g.12gb": 11008,
+    "1g.20gb": 19968,
+    "2g.10gb": 9984,
+    "2g.20gb": 20096,
+    "2g.24gb": 23936,
+    "3g.20gb": 19968,
+    "3g.40gb": 40192,
+    "3g.47gb": 46848,
+    "4g.20gb": 19968,
+    "4g.40gb": 40192,
+    "4g.47gb": 46848,
+    "7g.40gb": 40192,
+    "7g.80gb": 80896,
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class UtilizationSpec(_Strict):
+    pattern: Literal["steady", "sine", "idle", "busy", "random-walk"] = "steady"
+    mean: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
+    amplitude: Annotated[float, Field(ge=0.0, le=1.0)] = 0.2
+    period_s: Annotated[float, Field(gt=0)] = 300.0
+    noise: Annotated[float, Field(ge=0.0, le=1.0)] = 0.05
+
+
+class FaultSpec(_Strict):
+    kind: Literal["xid", "lost", "ecc"]
+    gpu: int | None = None  # node-level faults name the GPU index
+    xid: int = 79
+    count: Annotated[int, Field(ge=1)] = 1
+    corrected: Annotated[int, Field(ge=0)] = 0
+    uncorrected: Annotated[int, Field(ge=0)] = 0
+    after_s: Annotated[float, Field(ge=0)] = 0.0
+    after_polls: Annotated[int, Field(ge=0)] = 0
+
+
+class MigSpec(_Strict):
+    capable: bool = True
+    enabled: bool = False
+    instances: tuple[str, ...] = ()
+
+    @field_validator("instances")
+    @classmethod
+    def _known_profiles(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for p in v:
+            if p not in _MIG_MEMORY_MIB:
+                raise ValueError(f"unknown MIG profile {p!r}")
+        return v
+
+
+class GpuSpec(_Strict):
+    name: Annotated[str, Field(min_length=1)]
+    memory_total_mib: Annotated[int, Field(gt=0)]
+    compute_capability: str
+    uuid: str | None = None
+    count: Annotated[int, Field(ge=1, le=1024)] = 1
+    nvlink_links: int | None = None
+    power_max_watts: Annotated[float, Field(gt=0)] = 300.0
+    sm_clock_max_mhz: Annotated[float, Field(gt=0)] = 1980.0
+    memory_clock_mhz: Annotated[float, Field(gt=0)] = 2619.0
+    ecc: bool = True  # False: ECC unsupported, so its fields are absent
+    utilization: UtilizationSpec = UtilizationSpec()
+    mig: MigSpec = MigSpec(capable=False)
+    faults: tuple[FaultSpec, ...] = ()
+
+    @field_validator("compute_capability", mode="before")
+    @classmethod
+    def _cc(cls, v: Any) -> str:
+        s = str(v)
+        major, sep, minor = s.partition(".")
+        if not (sep and major.isdigit() and minor.isdigit()):
+            raise ValueError(f"must look like '9.0', got {s!r}")
+        return s
+
+
+class Profile(_Strict):
+    driver_version: str = "550.54.15"
+    cuda_version: str = "12.4"
+    seed: int | None = None
+    gpus: Annotated[tuple[GpuSpec, ...], Field(min_length=1)]
+    faults: tuple[FaultSpec, ...] = ()
+    source: str = "inline"
+
+    @field_validator("cuda_version", "driver_version", mode="before")
+    @classmethod
+    def _as_str(cls, v: Any) -> str:
+        return str(v)
+
+
+def list_profiles() -> tuple[str, ...]:
+    return BUILTIN_PROFILES
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A built-in profile by name, or a YAML profile file by path."""
+    if name_or_path in BUILTIN_PROFILES:
+        text = (resources.files("gpudaemon.backends") / "profiles" / f"{name_or_path}.yaml").read_text()
+        source = name_or_path
+    else:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise ProfileError(
+                f"unknown simulation profile {name_or_path!r}: not a built-in "
+                f"({', '.join(BUILTIN_PROFILES)}) and no such file"
+            )
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise ProfileError(f"cannot read profile {path}: {e.strerror}") from None
+        source = str(path)
+    return parse_profile(text, source)
+
+
+def parse_profile(text: str, source: str = "inline") -> Profile:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ProfileError(f"profile {source}: invalid YAML: {_one_line(str(e))}") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"profile {source}: expected a mapping with a 'gpus' list")
+    try:
+        return Profile.model_validate({**data, "source": source})
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise ProfileError(f"profile {source}: {loc}: {err['msg']}") from None
+
+
+def _one_line(s: str) -> str:
+    return " ".join(s.split())
+
+
+@dataclass
+class _SimGpu:
+    info: GpuInfo
+    spec: GpuSpec
+    faults: list[FaultSpec]
+    energy_joules: float = 0.0
+    walk: float = 0.5
+    xids: dict[int, int] = field(default_factory=dict)
+    ecc_corrected: int = 0
+    ecc_uncorrected: int = 0
+    lost: bool = False
+    unhealthy_reason: str = ""
+
+
+class SimulatedBackend:
+    """Backend over a Profile. Thread-safe: the scheduler may call it from workers."""
+
+    name = "simulated"
+
+    def __init__(
+        self,
+        profile: Profile,
+        seed: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.profile = profile
+        self.seed = seed if seed is not None else (profile.seed or 0)
+        self._clock = clock
+        self._start = clock()
+        self._last = self._start
+        self._polls = 0
+        self._lock = threading.Lock()
+        self._gpus = self._build()
+
+    def _build(self) -> list[_SimGpu]:
+        gpus: list[_SimGpu] = []
+        for spec in self.profile.gpus:
+            for _ in range(spec.count):
+                index = len(gpus)
+                uuid = spec.uuid if spec.uuid and spec.count == 1 else self._uuid(f"gpu:{index}")
+                major, minor = (int(x) for x in spec.compute_capability.split("."))
+                migs = tuple(
+                    MigDevice(
+                        uuid="MIG-" + self._uuid(f"mig:{index}:{i}").removeprefix("GPU-"),
+                        profile=p,
+                        gpu_instance_id=i + 1,
+                        compute_instance_id=0,
+                        memory_total_bytes=_MIG_MEMORY_MIB[p] * MIB,
+                    )
+                    for i, p in enumerate(spec.mig.instances if spec.mig.enabled else ())
+                )
+                info = GpuInfo(
+                    index=index,
+                    uuid=uuid,
+                    name=spec.name,
+                    memory_total_bytes=spec.memory_total_mib * MIB,
+                    compute_capability=(major, minor),
+                    pci_bus_id=f"00000000:{0x18 + index * 0x10 & 0xFF:02X}:00.0",
+                    mig_capable=spec.mig.capable or spec.mig.enabled,
+                    mig_enabled=spec.mig.enabled,
+                    mig_devices=migs,
+                    nvlink_links=spec.nvlink_links,
+                )
+                faults = list(spec.faults)
+                faults += [f for f in self.profile.faults if f.gpu == index]
+                gpus.append(_SimGpu(info=info, spec=spec, faults=faults, walk=spec.utilization.mean))
+        return gpus
+
+    def _uuid(self, key: str) -> str:
+        digest = hashlib.sha256(f"{self.profile.source}:{self.seed}:{key}".encode()).digest()
+        return "GPU-" + str(uuidlib.UUID(bytes=digest[:16], version=4))
+
+    # -- Backend interface -------------------------------------------------------
+
+    def inventory(self) -> NodeInventory:
+        major, _, minor = self.profile.cuda_version.partition(".")
+        cuda = (int(major), int(minor or 0)) if major.isdigit() else None
+        return NodeInventory(
+            driver_version=self.profile.driver_version,
+            cuda_driver_version=cuda,
+            gpus=tuple(g.info for g in self._gpus),
+            backend=self.name,
+        )
+
+    def sample(self) -> tuple[GpuSample, ...]:
+        with self._lock:
+            now = self._clock()
+            dt = max(0.0, now - self._last)
+            self._last = now
+            self._polls += 1
+            elapsed = now - self._start
+            return tuple(self._sample_one(g, elapsed, dt) for g in self._gpus)
+
+    def close(self) -> None:
+        pass
+
+    # -- test and demo hooks -----------------------------------------------------
+
+    def inject(self, index: int, fault: FaultSpec) -> None:
+        """Queue a fault on one GPU; it fires on the next sample that meets its timing."""
+        with self._lock:
+            self._gpus[index].faults.append(fault)
+
+    # -- readings ----------------------------------------------------------------
+
+    def _fire_faults(self, g: _SimGpu, elapsed: float) -> None:
+        pending = []
+        for f in g.faults:
+            if elapsed < f.after_s or self._polls <= f.after_polls:
+                pending.append(f)
+                continue
+            if f.kind == "lost":
+                g.lost = True
+                g.unhealthy_reason = "gpu lost"
+            elif f.kind == "xid":
+                g.xids[f.xid] = g.xids.get(f.xid, 0) + f.count
+                if is_critical_xid(f.xid) and not g.unhealthy_reason:
+                    g.unhealthy_reason = f"xid {f.xid}"
+            else:
+                g.ecc_corrected += f.corrected
+                g.ecc_uncorrected += f.uncorrected
+                if f.uncorrected and not g.unhealthy_reason:
+                    g.unhealthy_reason = "ecc uncorrected errors"
+        g.faults = pending
+
+    def _utilization(self, g: _SimGpu, rng: random.Random, elapsed: float) -> float:
+        u = g.spec.utilization
+        noise = rng.gauss(0.0, u.noise) if u.noise else 0.0
+        if u.pattern == "idle":
+            value = abs(noise) * 0.2
+        elif u.pattern == "busy":
+            value = 0.97 + noise
+        elif u.pattern == "sine":
+            value = u.mean + u.amplitude * math.sin(2 * math.pi * elapsed / u.period_s) + noise
+        elif u.pattern == "random-walk":
+            g.walk += 0.2 * (u.mean - g.walk) + noise
+            g.walk = min(1.0, max(0.0, g.walk))
+            value = g.walk
+        else:
+            value = u.mean + noise
+        return min(1.0, max(0.0, value))
+
+    def _sample_one(self, g: _SimGpu, elapsed: float, dt: float) -> GpuSample:
+        self._fire_faults(g, elapsed)
+        info, spec = g.info, g.spec
+        xids = dict(g.xids)
+        if g.lost:
+            return GpuSample(
+                index=info.index, uuid=info.uuid, healthy=False, health_reason="gpu lost",
+                lost=True, xid_errors_total=xids,
+            )
+        rng = random.Random(f"{self.seed}:{info.index}:{self._polls}")
+        util = self._utilization(g, rng, elapsed)
+        mean = 0.0 if spec.utilization.pattern == "idle" else spec.utilization.mean
+        total = info.memory_total_bytes
+        mem_frac = min(0.95, max(0.0, 0.005 + 0.85 * mean + rng.gauss(0.0, 0.005)))
+        used = int(total * mem_frac) // MIB * MIB
+        power = spec.power_max_watts * (0.1 + 0.85 * util) + rng.gauss(0.0, 1.0)
+        g.energy_joules += power * dt
+        busy = util > 0.05
+        migs = tuple(
+            MigSample(
+                uuid=m.uuid,
+                memory_total_bytes=m.memory_total_bytes,
+                memory_used_bytes=int(m.memory_total_bytes * mem_frac) // MIB * MIB,
+            )
+            for m in info.mig_devices
+        )
+        return GpuSample(
+            index=info.index,
+            uuid=info.uuid,
+            healthy=not g.unhealthy_reason,
+            health_reason=g.unhealthy_reason,
+            gpu_utilization_ratio=round(util, 4),
+            memory_utilization_ratio=round(min(1.0, util * 0.6), 4),
+            memory_used_bytes=used,
+            memory_free_bytes=total - used,
+            memory_total_bytes=total,
+            temperature_celsius=round(30.0 + 50.0 * util + rng.gauss(0.0, 0.5), 1),
+            power_watts=round(power, 3),
+            energy_joules_total=round(g.energy_joules, 3),
+            sm_clock_hertz=(spec.sm_clock_max_mhz if busy else 345.0) * 1e6,
+            memory_clock_hertz=spec.memory_clock_mhz * 1e6,
+            ecc_corrected_errors_total=g.ecc_corrected if spec.ecc else None,
+            ecc_uncorrected_errors_total=g.ecc_uncorrected if spec.ecc else None,
+            process_count=(1 + info.index % 2) if busy else 0,
+            xid_errors_total=xids,
+            mig=migs,
+        )

@@ -1,0 +1,163 @@
+"""The command line: run, probe, version. Bad input is one line on stderr and exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any, NoReturn
+
+from gpudaemon import __version__
+from gpudaemon.errors import GpudaemonError, UsageError
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="gpudaemon", description="GPU node agent for Kubernetes.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run the agent (labels, metrics, history)")
+    run.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    run.add_argument("--simulate", metavar="PROFILE|FILE",
+                     help="simulated GPUs: dgx-h100, a100-mig, mixed, or a profile YAML file")
+    run.add_argument("--seed", type=int, help="seed for simulated readings (reproducible runs)")
+    run.add_argument("--node-name", metavar="NAME", help="this Node's name (default $NODE_NAME, hostname)")
+    run.add_argument("--labels-to", metavar="DEST", help="apiserver | stdout | nfd | a file path")
+    run.add_argument("--listen", metavar="HOST:PORT", help="metrics address (default 0.0.0.0:9445)")
+    run.add_argument("--once", action="store_true", help="one full cycle, then exit 0")
+    run.add_argument("--log-json", action="store_true", help="log one JSON object per line")
+    run.add_argument("--log-level", metavar="LEVEL", help="TRACE, DEBUG, INFO, WARNING, ERROR")
+
+    probe = sub.add_parser("probe", help="poll once and print GPUs, labels and annotations")
+    probe.add_argument("--simulate", metavar="PROFILE|FILE", help="simulated GPUs instead of NVML")
+    probe.add_argument("--seed", type=int, help="seed for simulated readings")
+    probe.add_argument("--format", choices=["table", "json"], default="table")
+    probe.add_argument("--prefix", default="gpudaemon.io/", help="label prefix")
+
+    sub.add_parser("version", help="print the version")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "probe":
+            return _probe(args)
+        if args.command == "version":
+            print(f"gpudaemon {__version__}")
+            return 0
+        build_parser().print_help()
+        return EXIT_USAGE
+    except UsageError as e:
+        print(f"gpudaemon: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except GpudaemonError as e:
+        print(f"gpudaemon: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `gpudaemon probe | head`
+        sys.stderr.close()
+        return 0
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    o: dict[str, Any] = {}
+    if args.simulate:
+        o["simulate"] = args.simulate
+    if args.seed is not None:
+        o["simulate_seed"] = args.seed
+    if args.node_name:
+        o["node_name"] = args.node_name
+    if args.labels_to:
+        o.setdefault("labels", {})["to"] = args.labels_to
+    if args.listen:
+        o.setdefault("metrics", {})["listen"] = args.listen
+    if args.log_json:
+        o.setdefault("logging", {})["json"] = True
+    if args.log_level:
+        o.setdefault("logging", {})["level"] = args.log_level
+    return o
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gpudaemon.app import Agent
+    from gpudaemon.config import load_config
+    from gpudaemon.logsetup import setup_logging
+
+    cfg = load_config(args.config, overrides=_overrides(args))
+    setup_logging(cfg.logging.level, cfg.logging.json_)
+    agent = Agent(cfg)
+    if not args.once:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: agent.stop_event.set())
+    return agent.run(once=args.once)
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from gpudaemon.backends import make_backend
+    from gpudaemon.cache import Cache
+    from gpudaemon.labels import NodeLabeler
+    from gpudaemon.labels.sanitize import validate_prefix
+    from gpudaemon.logsetup import setup_logging
+
+    setup_logging("WARNING")
+    try:
+        validate_prefix(args.prefix)
+    except ValueError as e:
+        raise UsageError(f"--prefix: {e}") from None
+    backend = make_backend(args.simulate, seed=args.seed)
+    try:
+        cache = Cache()
+        cache.put_inventory(backend.inventory())
+        snap = cache.put_samples(backend.sample())
+    finally:
+        backend.close()
+    ls = NodeLabeler(args.prefix).build(snap)
+    assert snap.inventory is not None
+    gpus = []
+    for info in snap.inventory.gpus:
+        s = snap.sample_for(info.index)
+        d: dict[str, Any] = asdict(info)
+        d["compute_capability"] = "{}.{}".format(*info.compute_capability)
+        d["memory_total_mib"] = info.memory_total_mib
+        if s is not None:
+            reading = asdict(s)
+            reading["xid_errors_total"] = {str(k): v for k, v in s.xid_errors_total.items()}
+            d["reading"] = {k: v for k, v in reading.items() if k not in ("index", "uuid")}
+        gpus.append(d)
+    if args.format == "json":
+        json.dump({"driver_version": snap.inventory.driver_version,
+                   "cuda_driver_version": ".".join(map(str, snap.inventory.cuda_driver_version or ())),
+                   "gpus": gpus, "labels": dict(ls.labels), "annotations": ls.annotations},
+                  sys.stdout, indent=2)
+        print()
+        return 0
+    print(f"{'GPU':>3}  {'NAME':<28} {'MEMORY MiB':>17} {'UTIL':>5} {'TEMP':>5} {'POWER':>7}  HEALTH")
+    for info in snap.inventory.gpus:
+        s = snap.sample_for(info.index)
+        used = f"{s.memory_used_bytes // 2**20}" if s and s.memory_used_bytes is not None else "-"
+        util = f"{s.gpu_utilization_ratio:.0%}" if s and s.gpu_utilization_ratio is not None else "-"
+        temp = f"{s.temperature_celsius:.0f}C" if s and s.temperature_celsius is not None else "-"
+        power = f"{s.power_watts:.0f}W" if s and s.power_watts is not None else "-"
+        health = "ok" if s is None or s.healthy else f"UNHEALTHY ({s.health_reason})"
+        print(f"{info.index:>3}  {info.name[:28]:<28} {used + '/' + str(info.memory_total_mib):>17} "
+              f"{util:>5} {temp:>5} {power:>7}  {health}")
+    print("\nlabels:")
+    for k, v in sorted(ls.labels.items()):
+        print(f"  {k}={v}")
+    print("annotations:")
+    for k, v in ls.annotations.items():
+        print(f"  {k}={v[:100]}{'...' if len(v) > 100 else ''} ({len(v)} bytes)")
+    return 0

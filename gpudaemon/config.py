@@ -1,0 +1,235 @@
+"""Configuration: YAML file, then GPUDAEMON_* environment variables, then CLI flags.
+
+Validated once at load by pydantic; any problem becomes one ConfigError line that
+names the key. Each field's comment says why its default is what it is.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from gpudaemon.errors import ConfigError
+from gpudaemon.labels.sanitize import validate_prefix
+from gpudaemon.schedule import CronError, parse_cron
+
+ENV_PREFIX = "GPUDAEMON_"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
+
+
+class Schedules(_Section):
+    # 5 s telemetry matches a 15-30 s Prometheus scrape with headroom, at ~0.1% CPU.
+    telemetry: str = "*/5 * * * * *"
+    # Inventory (models, MIG layout, driver) changes rarely; 5 min bounds detection lag.
+    inventory: str = "0 */5 * * * *"
+    # Label reconcile; it writes only on change, so running often is cheap.
+    labels: str = "*/30 * * * * *"
+    # History flush to InfluxDB: 10 s resolution is plenty for capacity planning.
+    history: str = "*/10 * * * * *"
+
+    @field_validator("telemetry", "inventory", "labels", "history")
+    @classmethod
+    def _cron(cls, v: str) -> str:
+        try:
+            parse_cron(v)
+        except CronError as e:
+            raise ValueError(str(e)) from None
+        return v
+
+
+class LabelsConfig(_Section):
+    prefix: str = "gpudaemon.io/"
+    # apiserver | stdout | nfd | a file path. With no Kubernetes credentials,
+    # "apiserver" falls back to stdout so a laptop run still shows the labels.
+    to: Annotated[str, Field(min_length=1)] = "apiserver"
+    # NFD's local source reads feature files from here (mounted from the host).
+    nfd_path: str = "/etc/kubernetes/node-feature-discovery/features.d/gpudaemon"
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        return validate_prefix(v)
+
+
+class MetricsConfig(_Section):
+    listen: str = "0.0.0.0:9445"
+    # /readyz turns not-ready when the newest reading is older than this: three
+    # missed 5 s telemetry polls plus scheduling slack.
+    stale_after_seconds: Annotated[float, Field(gt=0)] = 30.0
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        return check_listen(v)
+
+
+class InfluxConfig(_Section):
+    url: str = ""  # empty: history is off
+    org: str = ""
+    bucket: str = ""
+    token_file: str = ""
+    # Only from the environment (GPUDAEMON_INFLUXDB__TOKEN) or the file above; never a flag.
+    token: SecretStr = SecretStr("")
+    spool_dir: str = ""  # empty: /var/lib/gpudaemon/spool when history is on
+    # 256 MiB holds about a week of 8-GPU history at 10 s resolution.
+    spool_max_bytes: Annotated[int, Field(gt=0)] = 268_435_456
+    timeout_ms: Annotated[int, Field(gt=0)] = 5_000
+
+
+class KubernetesConfig(_Section):
+    kubeconfig: str = ""  # empty: in-cluster, then ~/.kube/config
+    # Like kubelet's node lease: renewed every duration/4, stale after duration.
+    lease_duration_seconds: Annotated[int, Field(ge=10)] = 40
+    lease_namespace: str = "gpudaemon"
+    # Backoff cap after API errors: bounds recovery time without hammering a sick server.
+    backoff_max_seconds: Annotated[float, Field(gt=0)] = 60.0
+
+
+class ExtenderConfig(_Section):
+    listen: str = "0.0.0.0:9446"
+    policy: Literal["binpack", "spread"] = "binpack"
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        return check_listen(v)
+
+
+class LoggingConfig(_Section):
+    level: Literal["TRACE", "DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    json_: bool = Field(False, alias="json")
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.upper() if isinstance(v, str) else v
+
+
+class Config(_Section):
+    node_name: str = ""  # default: $NODE_NAME, then the hostname
+    simulate: str | None = None  # absent: real NVML
+    simulate_seed: int | None = None
+    schedules: Schedules = Schedules()
+    labels: LabelsConfig = LabelsConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    influxdb: InfluxConfig = InfluxConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
+    extender: ExtenderConfig = ExtenderConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+    @model_validator(mode="after")
+    def _defaults(self) -> Config:
+        if not self.node_name:
+            self.node_name = os.environ.get("NODE_NAME") or socket.gethostname()
+        if not self.simulate:
+            self.simulate = None
+        return self
+
+    def influx_token(self) -> str:
+        """The token from the environment or token_file; never logged."""
+        if self.influxdb.token.get_secret_value():
+            return self.influxdb.token.get_secret_value()
+        if self.influxdb.token_file:
+            try:
+                return Path(self.influxdb.token_file).read_text().strip()
+            except OSError as e:
+                raise ConfigError(
+                    f"influxdb.token_file: cannot read {self.influxdb.token_file}: {e.strerror}"
+                ) from None
+        return ""
+
+
+def check_listen(v: str) -> str:
+    host, sep, port = v.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"must be HOST:PORT, got {v!r}")
+    return v
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """GPUDAEMON_INFLUXDB__URL=x -> {"influxdb": {"url": "x"}}.
+
+    Variables whose first part is not a config key (GPUDAEMON_TOOLS_DIR, say) belong
+    to someone else and are ignored; a typo inside a known section is an error.
+    """
+    out: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = name[len(ENV_PREFIX) :].lower().split("__")
+        if path[0] not in Config.model_fields:
+            continue
+        node = out
+        for part in path[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"environment {name}: {part} is not a section")
+            node = nxt
+        node[path[-1]] = value
+    return out
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_config(
+    path: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    data: dict[str, Any] = {}
+    if path:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ConfigError(f"config file {path}: {e.strerror or e}") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path}: invalid YAML: {' '.join(str(e).split())}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: expected a mapping at the top level")
+        data = loaded or {}
+    data = _deep_merge(data, env_overrides(os.environ if environ is None else environ))
+    data = _deep_merge(data, overrides or {})
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_describe(e, path)) from None
+
+
+def _describe(e: ValidationError, path: str | None) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    where = f"config {path}" if path else "config"
+    extra = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+    return f"{where}: {loc}: {msg}{extra}"

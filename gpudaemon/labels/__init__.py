@@ -1,0 +1,48 @@
+"""From cache to labels and annotations: labelers merged in a fixed order, then sanitised."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpudaemon.labels.annotations import GpuStateAnnotator, Quantization
+from gpudaemon.labels.base import Labeler, merge
+from gpudaemon.labels.driver import DriverLabeler
+from gpudaemon.labels.health import HealthLabeler
+from gpudaemon.labels.inventory import InventoryLabeler
+from gpudaemon.labels.mig import MigLabeler
+from gpudaemon.labels.sanitize import Labels, sanitize_value
+from gpudaemon.model import Snapshot
+
+
+@dataclass(frozen=True)
+class LabelSet:
+    """What the agent wants on its Node: its own labels and annotations, nothing else."""
+
+    labels: Labels
+    annotations: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, dict[str, str]]:
+        return {"labels": dict(self.labels), "annotations": dict(self.annotations)}
+
+
+class NodeLabeler:
+    """Owns the labeler order and the annotator's hysteresis state."""
+
+    def __init__(self, prefix: str = "gpudaemon.io/", q: Quantization | None = None) -> None:
+        self.prefix = prefix
+        self.labelers: tuple[Labeler, ...] = (
+            InventoryLabeler(),
+            DriverLabeler(),
+            MigLabeler(),
+            HealthLabeler(),
+        )
+        self.annotator = GpuStateAnnotator(prefix, q)
+
+    def build(self, snap: Snapshot) -> LabelSet:
+        return LabelSet(
+            labels=Labels(self.prefix, merge(self.labelers, snap)),
+            annotations=self.annotator.annotations(snap),
+        )
+
+
+__all__ = ["LabelSet", "Labels", "NodeLabeler", "Quantization", "sanitize_value"]

@@ -1,0 +1,86 @@
+"""The `<prefix>gpus` annotation: compact per-GPU state for schedulers.
+
+Values are quantized with hysteresis: a published value moves only when the raw
+reading has moved a whole band away from it. Plain rounding would still flap at a
+bucket edge under noise and rewrite the Node; a band does not.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from gpudaemon.model import MIB, GpuSample, Snapshot
+
+ANNOTATION_BUDGET_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Quantization:
+    utilization_step_pct: int = 10
+    utilization_band_pct: int = 15
+    memory_step_mib: int = 1024
+    memory_band_ratio: float = 0.10  # of the GPU's total memory
+    temperature_step_c: int = 5
+    temperature_band_c: int = 8
+
+
+def _held(published: int | None, raw: float | None, band: float, step: int) -> int | None:
+    if raw is None:
+        return None
+    if published is not None and abs(raw - published) < band:
+        return published
+    return int(round(raw / step) * step)
+
+
+class GpuStateAnnotator:
+    """Stateful: remembers what it last published so noise cannot move it."""
+
+    def __init__(self, prefix: str, q: Quantization | None = None) -> None:
+        self.key = prefix + "gpus"
+        self.q = q or Quantization()
+        self._published: dict[str, dict[str, object]] = {}
+
+    def annotations(self, snap: Snapshot) -> dict[str, str]:
+        if snap.inventory is None:
+            return {}
+        entries = []
+        for info in snap.inventory.gpus:
+            s = snap.sample_for(info.index)
+            entry = self._entry(info.index, info.uuid, info.memory_total_bytes, s)
+            if info.mig_enabled:
+                entry["mig_devices"] = len(info.mig_devices)
+            entries.append(entry)
+            self._published[info.uuid] = entry
+        text = json.dumps(entries, separators=(",", ":"), sort_keys=False)
+        if len(text) > ANNOTATION_BUDGET_BYTES:  # pragma: no cover - needs >1000 GPUs
+            raise ValueError(f"{self.key} annotation is {len(text)} bytes, over budget")
+        return {self.key: text}
+
+    def _entry(
+        self, index: int, uuid: str, total_bytes: int, s: GpuSample | None
+    ) -> dict[str, object]:
+        q, prev = self.q, self._published.get(uuid, {})
+        total_mib = total_bytes // MIB
+        entry: dict[str, object] = {"index": index, "uuid": uuid, "memory_total_mib": total_mib}
+        if s is None:
+            entry["healthy"] = True
+            return entry
+
+        def held(key: str, raw: float | None, band: float, step: int) -> None:
+            p = prev.get(key)
+            v = _held(p if isinstance(p, int) else None, raw, band, step)
+            if v is not None:
+                entry[key] = v
+
+        used = s.memory_used_bytes / MIB if s.memory_used_bytes is not None else None
+        held("memory_used_mib", used, total_mib * q.memory_band_ratio, q.memory_step_mib)
+        util = s.gpu_utilization_ratio * 100 if s.gpu_utilization_ratio is not None else None
+        held("utilization_pct", util, q.utilization_band_pct, q.utilization_step_pct)
+        held("temperature_c", s.temperature_celsius, q.temperature_band_c, q.temperature_step_c)
+        entry["healthy"] = s.healthy
+        if not s.healthy:
+            entry["reason"] = s.health_reason
+        if s.process_count is not None:
+            entry["processes"] = s.process_count
+        return entry

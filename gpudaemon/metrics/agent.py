@@ -1,0 +1,48 @@
+"""The agent's own metrics: how its polls, writes and sinks are doing."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gpudaemon import __version__
+
+# Poll latencies run from ~50 us (simulated) to seconds (a sick driver).
+_POLL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class AgentMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.poll_duration_seconds = Histogram(
+            "gpudaemon_poll_duration_seconds", "Time one scheduled job took, by job.",
+            ["job"], registry=registry, buckets=_POLL_BUCKETS,
+        )
+        self.poll_errors = Counter(
+            "gpudaemon_poll_errors", "Scheduled job runs that failed, by job.", ["job"],
+            registry=registry,
+        )
+        self.job_overruns = Counter(
+            "gpudaemon_job_overruns",
+            "Runs skipped because the previous run of the job was still going.", ["job"],
+            registry=registry,
+        )
+        self.node_writes = Counter(
+            "gpudaemon_node_writes", "Writes of the agent's labels/annotations, by result.",
+            ["result"], registry=registry,
+        )
+        self.last_reconcile_timestamp_seconds = Gauge(
+            "gpudaemon_last_reconcile_timestamp_seconds",
+            "UNIX time of the last label reconcile that succeeded (written or unchanged).",
+            registry=registry,
+        )
+        self.build_info = Gauge(
+            "gpudaemon_build_info", "Build information; always 1.", ["version", "backend"],
+            registry=registry,
+        )
+        for job in ("telemetry", "inventory", "labels", "history"):
+            self.poll_errors.labels(job)
+            self.job_overruns.labels(job)
+        for result in ("success", "error", "unchanged"):
+            self.node_writes.labels(result)
+
+    def set_build(self, backend: str) -> None:
+        self.build_info.labels(__version__, backend).set(1)

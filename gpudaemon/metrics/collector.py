@@ -1,0 +1,129 @@
+"""A prometheus-client Collector over the cache. A scrape reads the newest snapshot
+and never calls NVML; families are rebuilt from data already in memory."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpudaemon.cache import Cache
+from gpudaemon.metrics.catalogue import ECC_ERRORS, GPU_METRICS, HEALTHY, PREFIX, XID_ERRORS
+
+
+@dataclass(frozen=True)
+class PodRef:
+    pod: str
+    namespace: str
+    container: str
+
+
+# device id (GPU or MIG UUID) -> the container it is assigned to
+PodMap = Mapping[str, PodRef]
+GPU_LABELS = ["gpu", "uuid", "model", "node", "pod", "namespace", "container"]
+
+
+def _family(name: str, kind: str, help_: str, labels: list[str]) -> GaugeMetricFamily | CounterMetricFamily:
+    if kind == "counter":
+        return CounterMetricFamily(PREFIX + name.removesuffix("_total"), help_, labels=labels)
+    return GaugeMetricFamily(PREFIX + name, help_, labels=labels)
+
+
+class GpuCollector(Collector):
+    def __init__(
+        self,
+        cache: Cache,
+        node: str,
+        pods: Callable[[], PodMap] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cache = cache
+        self.node = node
+        self.pods = pods
+        self.clock = clock
+
+    def describe(self) -> list[Metric]:
+        return []  # unchecked collector: families depend on the cache contents
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.cache.get()
+        age = GaugeMetricFamily(
+            PREFIX + "last_reading_age_seconds",
+            "Seconds since the newest telemetry reading was taken.",
+        )
+        if snap.samples_at:
+            age.add_metric([], max(0.0, self.clock() - snap.samples_at))
+        yield age
+        inv = snap.inventory
+        if inv is None:
+            return
+        pods = self.pods() if self.pods else {}
+        base: dict[int, list[str]] = {}
+        info = GaugeMetricFamily(
+            PREFIX + "gpu_info", "GPU facts as labels; always 1.",
+            labels=[*GPU_LABELS, "driver_version", "cuda_version", "pci_bus_id",
+                    "compute_capability", "mig_mode"],
+        )
+        cuda = ".".join(map(str, inv.cuda_driver_version)) if inv.cuda_driver_version else ""
+        for g in inv.gpus:
+            ref = pods.get(g.uuid)
+            base[g.index] = [str(g.index), g.uuid, g.name, self.node,
+                             *((ref.pod, ref.namespace, ref.container) if ref else ("", "", ""))]
+            info.add_metric(
+                [*base[g.index], inv.driver_version, cuda, g.pci_bus_id,
+                 "{}.{}".format(*g.compute_capability), "enabled" if g.mig_enabled else "disabled"],
+                1.0,
+            )
+        yield info
+
+        samples = [s for s in snap.samples if s.index in base]
+        for m in GPU_METRICS:
+            fam = _family(m.name, m.kind, m.help, GPU_LABELS)
+            for s in samples:
+                v = getattr(s, m.field)
+                if v is not None:
+                    fam.add_metric(base[s.index], float(v))
+            yield fam
+
+        healthy = _family(HEALTHY.name, HEALTHY.kind, HEALTHY.help, GPU_LABELS)
+        ecc = _family(ECC_ERRORS.name, ECC_ERRORS.kind, ECC_ERRORS.help, [*GPU_LABELS, "type"])
+        xid = _family(XID_ERRORS.name, XID_ERRORS.kind, XID_ERRORS.help, [*GPU_LABELS, "xid"])
+        for s in samples:
+            healthy.add_metric(base[s.index], 1.0 if s.healthy else 0.0)
+            if s.ecc_corrected_errors_total is not None:
+                ecc.add_metric([*base[s.index], "corrected"], float(s.ecc_corrected_errors_total))
+            if s.ecc_uncorrected_errors_total is not None:
+                ecc.add_metric([*base[s.index], "uncorrected"], float(s.ecc_uncorrected_errors_total))
+            for code, n in sorted(s.xid_errors_total.items()):
+                xid.add_metric([*base[s.index], str(code)], float(n))
+        yield healthy
+        yield ecc
+        yield xid
+        yield from self._mig(snap, inv.gpus, base, pods)
+
+    def _mig(self, snap, gpus, base, pods):  # type: ignore[no-untyped-def]
+        labels = [*GPU_LABELS, "mig_uuid", "mig_profile", "gpu_instance_id"]
+        used = GaugeMetricFamily(PREFIX + "mig_memory_used_bytes",
+                                 "Memory in use on a MIG instance.", labels=labels)
+        total = GaugeMetricFamily(PREFIX + "mig_memory_total_bytes",
+                                  "Memory of a MIG instance.", labels=labels)
+        for g in gpus:
+            if not g.mig_devices:
+                continue
+            s = snap.sample_for(g.index)
+            by_uuid = {m.uuid: m for m in s.mig} if s else {}
+            for d in g.mig_devices:
+                ref = pods.get(d.uuid)
+                lab = list(base[g.index])
+                if ref:
+                    lab[4:7] = [ref.pod, ref.namespace, ref.container]
+                lab += [d.uuid, d.profile, str(d.gpu_instance_id)]
+                total.add_metric(lab, float(d.memory_total_bytes))
+                ms = by_uuid.get(d.uuid)
+                if ms is not None and ms.memory_used_bytes is not None:
+                    used.add_metric(lab, float(ms.memory_used_bytes))
+        yield used
+        yield total

@@ -1,0 +1,107 @@
+"""The data that flows from a backend through the cache to every sink.
+
+Units live in field names and are converted once, in the backend. `None` means
+"not supported or not read", never zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG instance (a GPU instance + compute instance pair)."""
+
+    uuid: str
+    profile: str  # e.g. "1g.10gb"
+    gpu_instance_id: int
+    compute_instance_id: int
+    memory_total_bytes: int
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """Slow-changing facts about one GPU, read on the inventory schedule."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_total_bytes: int
+    compute_capability: tuple[int, int]
+    pci_bus_id: str = ""
+    mig_capable: bool = False
+    mig_enabled: bool = False
+    mig_devices: tuple[MigDevice, ...] = ()
+    nvlink_links: int | None = None
+
+    @property
+    def memory_total_mib(self) -> int:
+        return self.memory_total_bytes // MIB
+
+
+@dataclass(frozen=True)
+class NodeInventory:
+    """Everything the inventory job learns about the node's GPUs."""
+
+    driver_version: str  # e.g. "550.54.15"
+    cuda_driver_version: tuple[int, int] | None  # e.g. (12, 4)
+    gpus: tuple[GpuInfo, ...]
+    backend: str = "nvml"  # "nvml" | "simulated"
+
+
+@dataclass(frozen=True)
+class MigSample:
+    uuid: str
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One telemetry reading of one GPU. Unsupported readings are None."""
+
+    index: int
+    uuid: str
+    healthy: bool = True
+    health_reason: str = ""  # why unhealthy: "gpu lost", "xid 79", ...
+    lost: bool = False
+    gpu_utilization_ratio: float | None = None
+    memory_utilization_ratio: float | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    temperature_celsius: float | None = None
+    power_watts: float | None = None
+    energy_joules_total: float | None = None
+    sm_clock_hertz: float | None = None
+    memory_clock_hertz: float | None = None
+    ecc_corrected_errors_total: int | None = None
+    ecc_uncorrected_errors_total: int | None = None
+    process_count: int | None = None
+    xid_errors_total: Mapping[int, int] = field(default_factory=dict)
+    mig: tuple[MigSample, ...] = ()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the cache hands out: immutable, so readers never need a lock.
+
+    `*_at` are wall-clock UNIX seconds (for people, InfluxDB timestamps and the
+    staleness bound); 0.0 means "never".
+    """
+
+    inventory: NodeInventory | None = None
+    inventory_at: float = 0.0
+    samples: tuple[GpuSample, ...] = ()
+    samples_at: float = 0.0
+    sample_seq: int = 0  # increments with every telemetry poll
+
+    def sample_for(self, index: int) -> GpuSample | None:
+        for s in self.samples:
+            if s.index == index:
+                return s
+        return None

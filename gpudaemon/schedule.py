@@ -1,0 +1,138 @@
+"""Cron schedules on APScheduler 3.x: parsing, job defaults, overrun accounting.
+
+Every job runs with max_instances=1 and coalescing, so a slow poll is skipped (and
+counted) rather than stacked, and a backlog after a pause runs once, not N times.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import tzinfo
+from typing import Any
+
+from apscheduler.events import (
+    EVENT_JOB_ERROR,
+    EVENT_JOB_MAX_INSTANCES,
+    EVENT_JOB_MISSED,
+    JobExecutionEvent,
+    JobSubmissionEvent,
+)
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.cron import CronTrigger
+from loguru import logger
+
+_DOW_NAMES = {0: "sun", 1: "mon", 2: "tue", 3: "wed", 4: "thu", 5: "fri", 6: "sat", 7: "sun"}
+
+
+class CronError(ValueError):
+    pass
+
+
+def _dow(field_: str) -> str:
+    """Crontab counts Sunday as 0 (and 7); APScheduler 3 counts Monday as 0. Use names."""
+    if field_ in ("0-6", "0-7", "1-7"):
+        return "*"
+    return re.sub(r"(?<![/\d])\d+", lambda m: _DOW_NAMES.get(int(m.group()), m.group()), field_)
+
+
+def parse_cron(expr: str, timezone: tzinfo | str = "UTC") -> CronTrigger:
+    """Five fields (minute-resolution crontab) or six with seconds first."""
+    fields = expr.split()
+    if len(fields) == 5:
+        second, (minute, hour, day, month, dow) = "0", fields
+    elif len(fields) == 6:
+        second, minute, hour, day, month, dow = fields
+    else:
+        raise CronError(
+            f"invalid cron expression {expr!r}: expected 5 fields "
+            f"(min hour day month weekday) or 6 (sec min hour day month weekday), got {len(fields)}"
+        )
+    try:
+        return CronTrigger(
+            second=second, minute=minute, hour=hour, day=day, month=month,
+            day_of_week=_dow(dow), timezone=timezone,
+        )
+    except ValueError as e:
+        raise CronError(f"invalid cron expression {expr!r}: {e}") from None
+
+
+@dataclass
+class JobStats:
+    """Per-job counters the scheduler keeps; the metrics collector reads them."""
+
+    overruns: int = 0
+    misses: int = 0
+    errors: int = 0
+    by_job: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def bump(self, job: str, what: str) -> None:
+        d = self.by_job.setdefault(job, {"overruns": 0, "misses": 0, "errors": 0})
+        d[what] += 1
+        setattr(self, what, getattr(self, what) + 1)
+
+
+class CronScheduler:
+    """A BackgroundScheduler with our defaults and listeners."""
+
+    def __init__(
+        self,
+        misfire_grace_seconds: int = 5,
+        workers: int = 4,
+        on_overrun: Callable[[str], None] | None = None,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
+        self.stats = JobStats()
+        self._on_overrun = on_overrun
+        self._on_error = on_error
+        self._sched = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(workers)},
+            job_defaults={
+                "max_instances": 1,
+                "coalesce": True,
+                "misfire_grace_time": misfire_grace_seconds,
+            },
+            timezone="UTC",
+        )
+        self._sched.add_listener(
+            self._listen, EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED | EVENT_JOB_ERROR
+        )
+        self._lock = threading.Lock()
+
+    def add(self, name: str, func: Callable[[], Any], cron: str) -> None:
+        self._sched.add_job(func, parse_cron(cron), id=name, name=name, replace_existing=True)
+
+    def start(self) -> None:
+        self._sched.start()
+
+    def pause(self) -> None:
+        self._sched.pause()
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop firing new runs; with wait=True let the running ones finish."""
+        if self._sched.running:
+            self._sched.shutdown(wait=wait)
+
+    def next_run_times(self) -> dict[str, Any]:
+        return {j.id: j.next_run_time for j in self._sched.get_jobs()}
+
+    def _listen(self, event: JobSubmissionEvent | JobExecutionEvent) -> None:
+        job = event.job_id
+        with self._lock:
+            if event.code == EVENT_JOB_MAX_INSTANCES:
+                self.stats.bump(job, "overruns")
+                logger.warning("job {} overran its schedule: previous run still going, skipped", job)
+                if self._on_overrun:
+                    self._on_overrun(job)
+            elif event.code == EVENT_JOB_MISSED:
+                self.stats.bump(job, "misses")
+                logger.warning("job {} missed its run time (process was busy or paused)", job)
+            elif event.code == EVENT_JOB_ERROR:
+                self.stats.bump(job, "errors")
+                exc = getattr(event, "exception", None)
+                logger.error("job {} failed: {}", job, exc)
+                if self._on_error:
+                    self._on_error(job)
