@@ -85,11 +85,13 @@ class Agent:
         self.cache = Cache(clock)
         self.labeler = NodeLabeler(cfg.labels.prefix)
         self.label_sink = label_sink or make_label_sink(cfg, self.metrics)
-        self.history = history_sink if history_sink is not None else make_history_sink(
-            cfg, self.registry
+        self.history = (
+            history_sink if history_sink is not None else make_history_sink(cfg, self.registry)
         )
         self.registry.register(GpuCollector(self.cache, cfg.node_name, pods=pods, clock=clock))
-        self.scheduler = CronScheduler(on_overrun=lambda job: self.metrics.job_overruns.labels(job).inc())
+        self.scheduler = CronScheduler(
+            on_overrun=lambda job: self.metrics.job_overruns.labels(job).inc()
+        )
         self.http: HttpServer | None = None
         self.stop_event = threading.Event()
 
@@ -139,8 +141,12 @@ class Agent:
 
     def run_once(self) -> bool:
         """One full cycle, in data order. True when every step succeeded."""
-        ok = [self.poll_inventory(), self.poll_telemetry(), self.reconcile_labels(),
-              self.flush_history()]
+        ok = [
+            self.poll_inventory(),
+            self.poll_telemetry(),
+            self.reconcile_labels(),
+            self.flush_history(),
+        ]
         return all(ok)
 
     # -- readiness ---------------------------------------------------------------
@@ -165,8 +171,12 @@ class Agent:
     def run(self, once: bool = False) -> int:
         """Run until stop_event is set (SIGTERM/SIGINT), or one cycle with once=True."""
         s = self.cfg.schedules
-        logger.info("gpudaemon starting: node={} backend={} labels->{}",
-                    self.cfg.node_name, self.backend.name, self.label_sink.name)
+        logger.info(
+            "gpudaemon starting: node={} backend={} labels->{}",
+            self.cfg.node_name,
+            self.backend.name,
+            self.label_sink.name,
+        )
         self.check_backend()
         if once:
             try:

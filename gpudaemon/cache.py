@@ -25,7 +25,9 @@ class Cache:
 
     def put_inventory(self, inventory: NodeInventory) -> Snapshot:
         with self._lock:
-            self._snapshot = replace(self._snapshot, inventory=inventory, inventory_at=self._clock())
+            self._snapshot = replace(
+                self._snapshot, inventory=inventory, inventory_at=self._clock()
+            )
             return self._snapshot
 
     def put_samples(self, samples: tuple[GpuSample, ...]) -> Snapshot:

@@ -27,10 +27,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the agent (labels, metrics, history)")
     run.add_argument("--config", metavar="FILE", help="YAML configuration file")
-    run.add_argument("--simulate", metavar="PROFILE|FILE",
-                     help="simulated GPUs: dgx-h100, a100-mig, mixed, or a profile YAML file")
+    run.add_argument(
+        "--simulate",
+        metavar="PROFILE|FILE",
+        help="simulated GPUs: dgx-h100, a100-mig, mixed, or a profile YAML file",
+    )
     run.add_argument("--seed", type=int, help="seed for simulated readings (reproducible runs)")
-    run.add_argument("--node-name", metavar="NAME", help="this Node's name (default $NODE_NAME, hostname)")
+    run.add_argument(
+        "--node-name", metavar="NAME", help="this Node's name (default $NODE_NAME, hostname)"
+    )
     run.add_argument("--labels-to", metavar="DEST", help="apiserver | stdout | nfd | a file path")
     run.add_argument("--listen", metavar="HOST:PORT", help="metrics address (default 0.0.0.0:9445)")
     run.add_argument("--once", action="store_true", help="one full cycle, then exit 0")
@@ -138,22 +143,35 @@ def _probe(args: argparse.Namespace) -> int:
             d["reading"] = {k: v for k, v in reading.items() if k not in ("index", "uuid")}
         gpus.append(d)
     if args.format == "json":
-        json.dump({"driver_version": snap.inventory.driver_version,
-                   "cuda_driver_version": ".".join(map(str, snap.inventory.cuda_driver_version or ())),
-                   "gpus": gpus, "labels": dict(ls.labels), "annotations": ls.annotations},
-                  sys.stdout, indent=2)
+        json.dump(
+            {
+                "driver_version": snap.inventory.driver_version,
+                "cuda_driver_version": ".".join(map(str, snap.inventory.cuda_driver_version or ())),
+                "gpus": gpus,
+                "labels": dict(ls.labels),
+                "annotations": ls.annotations,
+            },
+            sys.stdout,
+            indent=2,
+        )
         print()
         return 0
-    print(f"{'GPU':>3}  {'NAME':<28} {'MEMORY MiB':>17} {'UTIL':>5} {'TEMP':>5} {'POWER':>7}  HEALTH")
+    print(
+        f"{'GPU':>3}  {'NAME':<28} {'MEMORY MiB':>17} {'UTIL':>5} {'TEMP':>5} {'POWER':>7}  HEALTH"
+    )
     for info in snap.inventory.gpus:
         s = snap.sample_for(info.index)
         used = f"{s.memory_used_bytes // 2**20}" if s and s.memory_used_bytes is not None else "-"
-        util = f"{s.gpu_utilization_ratio:.0%}" if s and s.gpu_utilization_ratio is not None else "-"
+        util = (
+            f"{s.gpu_utilization_ratio:.0%}" if s and s.gpu_utilization_ratio is not None else "-"
+        )
         temp = f"{s.temperature_celsius:.0f}C" if s and s.temperature_celsius is not None else "-"
         power = f"{s.power_watts:.0f}W" if s and s.power_watts is not None else "-"
         health = "ok" if s is None or s.healthy else f"UNHEALTHY ({s.health_reason})"
-        print(f"{info.index:>3}  {info.name[:28]:<28} {used + '/' + str(info.memory_total_mib):>17} "
-              f"{util:>5} {temp:>5} {power:>7}  {health}")
+        print(
+            f"{info.index:>3}  {info.name[:28]:<28} {used + '/' + str(info.memory_total_mib):>17} "
+            f"{util:>5} {temp:>5} {power:>7}  {health}"
+        )
     print("\nlabels:")
     for k, v in sorted(ls.labels.items()):
         print(f"  {k}={v}")

@@ -159,7 +159,7 @@ class Config(_Section):
 
 
 def check_listen(v: str) -> str:
-    host, sep, port = v.rpartition(":")
+    _host, sep, port = v.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"must be HOST:PORT, got {v!r}")
     return v
@@ -212,7 +212,9 @@ def load_config(
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path}: invalid YAML: {' '.join(str(e).split())}") from None
+            raise ConfigError(
+                f"config file {path}: invalid YAML: {' '.join(str(e).split())}"
+            ) from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: expected a mapping at the top level")
         data = loaded or {}

@@ -53,8 +53,13 @@ def parse_cron(expr: str, timezone: tzinfo | str = "UTC") -> CronTrigger:
         )
     try:
         return CronTrigger(
-            second=second, minute=minute, hour=hour, day=day, month=month,
-            day_of_week=_dow(dow), timezone=timezone,
+            second=second,
+            minute=minute,
+            hour=hour,
+            day=day,
+            month=month,
+            day_of_week=_dow(dow),
+            timezone=timezone,
         )
     except ValueError as e:
         raise CronError(f"invalid cron expression {expr!r}: {e}") from None
@@ -124,7 +129,9 @@ class CronScheduler:
         with self._lock:
             if event.code == EVENT_JOB_MAX_INSTANCES:
                 self.stats.bump(job, "overruns")
-                logger.warning("job {} overran its schedule: previous run still going, skipped", job)
+                logger.warning(
+                    "job {} overran its schedule: previous run still going, skipped", job
+                )
                 if self._on_overrun:
                     self._on_overrun(job)
             elif event.code == EVENT_JOB_MISSED:

@@ -7,6 +7,7 @@ None, GPU-lost isolation, and the XID event thread.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from types import ModuleType
@@ -146,8 +147,11 @@ class NvmlBackend:
                 except _Lost:
                     self._mark_lost(i)
                     info = self._infos.get(i) or GpuInfo(
-                        index=i, uuid=f"unknown-{i}", name="unknown",
-                        memory_total_bytes=0, compute_capability=(0, 0),
+                        index=i,
+                        uuid=f"unknown-{i}",
+                        name="unknown",
+                        memory_total_bytes=0,
+                        compute_capability=(0, 0),
                     )
                 gpus.append(info)
             return NodeInventory(
@@ -194,7 +198,9 @@ class NvmlBackend:
                 MigDevice(
                     uuid=_text(self._call(n.nvmlDeviceGetUUID, mh)),
                     profile=name.rsplit(" ", 1)[-1] if " " in name else name,
-                    gpu_instance_id=int(self._read(i, "gi id", n.nvmlDeviceGetGpuInstanceId, mh) or 0),
+                    gpu_instance_id=int(
+                        self._read(i, "gi id", n.nvmlDeviceGetGpuInstanceId, mh) or 0
+                    ),
                     compute_instance_id=int(
                         self._read(i, "ci id", n.nvmlDeviceGetComputeInstanceId, mh) or 0
                     ),
@@ -216,8 +222,14 @@ class NvmlBackend:
                 except _Lost:
                     self._mark_lost(i)
                     out.append(
-                        GpuSample(index=i, uuid=uuid, healthy=False, health_reason="gpu lost",
-                                  lost=True, xid_errors_total=dict(self._xids.get(i, {})))
+                        GpuSample(
+                            index=i,
+                            uuid=uuid,
+                            healthy=False,
+                            health_reason="gpu lost",
+                            lost=True,
+                            xid_errors_total=dict(self._xids.get(i, {})),
+                        )
                     )
             return tuple(out)
 
@@ -231,16 +243,20 @@ class NvmlBackend:
         memclk = self._read(i, "memory clock", n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_MEM)
         procs = self._read(i, "processes", n.nvmlDeviceGetComputeRunningProcesses, h)
         fv = self._fields(
-            i, h,
-            [n.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, n.NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
-             n.NVML_FI_DEV_ECC_DBE_VOL_TOTAL],
+            i,
+            h,
+            [
+                n.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
+                n.NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
+                n.NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
+            ],
         )
         energy_mj = fv.get(n.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION)
         sbe = fv.get(n.NVML_FI_DEV_ECC_SBE_VOL_TOTAL)
         dbe = fv.get(n.NVML_FI_DEV_ECC_DBE_VOL_TOTAL)
         info = self._infos.get(i)
         migs = tuple(self._mig_sample(i, m) for m in info.mig_devices) if info else ()
-        reason = "" if i not in self._xid_unhealthy else self._xid_unhealthy[i]
+        reason = self._xid_unhealthy.get(i, "")
         if dbe:
             reason = reason or "ecc uncorrected errors"
         return GpuSample(
@@ -352,10 +368,8 @@ class NvmlBackend:
             i = by_handle.get(_handle_key(data.device), -1)
             xid = int(data.eventData)
             self.record_xid(i, xid)
-        try:
+        with contextlib.suppress(n.NVMLError):
             n.nvmlEventSetFree(evset)
-        except n.NVMLError:
-            pass
 
     def record_xid(self, index: int, xid: int) -> None:
         """Count one XID on a GPU (called by the event thread)."""

@@ -131,7 +131,9 @@ def list_profiles() -> tuple[str, ...]:
 def load_profile(name_or_path: str) -> Profile:
     """A built-in profile by name, or a YAML profile file by path."""
     if name_or_path in BUILTIN_PROFILES:
-        text = (resources.files("gpudaemon.backends") / "profiles" / f"{name_or_path}.yaml").read_text()
+        text = (
+            resources.files("gpudaemon.backends") / "profiles" / f"{name_or_path}.yaml"
+        ).read_text()
         source = name_or_path
     else:
         path = Path(name_or_path)
@@ -232,7 +234,9 @@ class SimulatedBackend:
                 )
                 faults = list(spec.faults)
                 faults += [f for f in self.profile.faults if f.gpu == index]
-                gpus.append(_SimGpu(info=info, spec=spec, faults=faults, walk=spec.utilization.mean))
+                gpus.append(
+                    _SimGpu(info=info, spec=spec, faults=faults, walk=spec.utilization.mean)
+                )
         return gpus
 
     def _uuid(self, key: str) -> str:
@@ -315,8 +319,12 @@ class SimulatedBackend:
         xids = dict(g.xids)
         if g.lost:
             return GpuSample(
-                index=info.index, uuid=info.uuid, healthy=False, health_reason="gpu lost",
-                lost=True, xid_errors_total=xids,
+                index=info.index,
+                uuid=info.uuid,
+                healthy=False,
+                health_reason="gpu lost",
+                lost=True,
+                xid_errors_total=xids,
             )
         rng = random.Random(f"{self.seed}:{info.index}:{self._polls}")
         util = self._utilization(g, rng, elapsed)

@@ -13,21 +13,29 @@ _POLL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 class AgentMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.poll_duration_seconds = Histogram(
-            "gpudaemon_poll_duration_seconds", "Time one scheduled job took, by job.",
-            ["job"], registry=registry, buckets=_POLL_BUCKETS,
+            "gpudaemon_poll_duration_seconds",
+            "Time one scheduled job took, by job.",
+            ["job"],
+            registry=registry,
+            buckets=_POLL_BUCKETS,
         )
         self.poll_errors = Counter(
-            "gpudaemon_poll_errors", "Scheduled job runs that failed, by job.", ["job"],
+            "gpudaemon_poll_errors",
+            "Scheduled job runs that failed, by job.",
+            ["job"],
             registry=registry,
         )
         self.job_overruns = Counter(
             "gpudaemon_job_overruns",
-            "Runs skipped because the previous run of the job was still going.", ["job"],
+            "Runs skipped because the previous run of the job was still going.",
+            ["job"],
             registry=registry,
         )
         self.node_writes = Counter(
-            "gpudaemon_node_writes", "Writes of the agent's labels/annotations, by result.",
-            ["result"], registry=registry,
+            "gpudaemon_node_writes",
+            "Writes of the agent's labels/annotations, by result.",
+            ["result"],
+            registry=registry,
         )
         self.last_reconcile_timestamp_seconds = Gauge(
             "gpudaemon_last_reconcile_timestamp_seconds",
@@ -35,7 +43,9 @@ class AgentMetrics:
             registry=registry,
         )
         self.build_info = Gauge(
-            "gpudaemon_build_info", "Build information; always 1.", ["version", "backend"],
+            "gpudaemon_build_info",
+            "Build information; always 1.",
+            ["version", "backend"],
             registry=registry,
         )
         for job in ("telemetry", "inventory", "labels", "history"):

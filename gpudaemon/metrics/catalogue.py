@@ -26,18 +26,29 @@ class GpuMetric:
 
 
 GPU_METRICS: tuple[GpuMetric, ...] = (
-    GpuMetric("gpu_utilization_ratio", "gauge",
-              "Fraction of time a kernel was running on the GPU (0-1).", "gpu_utilization_ratio"),
-    GpuMetric("gpu_memory_utilization_ratio", "gauge",
-              "Fraction of time device memory was being read or written (0-1).",
-              "memory_utilization_ratio"),
+    GpuMetric(
+        "gpu_utilization_ratio",
+        "gauge",
+        "Fraction of time a kernel was running on the GPU (0-1).",
+        "gpu_utilization_ratio",
+    ),
+    GpuMetric(
+        "gpu_memory_utilization_ratio",
+        "gauge",
+        "Fraction of time device memory was being read or written (0-1).",
+        "memory_utilization_ratio",
+    ),
     GpuMetric("gpu_memory_used_bytes", "gauge", "Device memory in use.", "memory_used_bytes"),
     GpuMetric("gpu_memory_free_bytes", "gauge", "Device memory free.", "memory_free_bytes"),
     GpuMetric("gpu_memory_total_bytes", "gauge", "Device memory in total.", "memory_total_bytes"),
     GpuMetric("gpu_temperature_celsius", "gauge", "GPU core temperature.", "temperature_celsius"),
     GpuMetric("gpu_power_watts", "gauge", "Power draw of the board.", "power_watts"),
-    GpuMetric("gpu_energy_joules_total", "counter",
-              "Energy used since the driver was loaded.", "energy_joules_total"),
+    GpuMetric(
+        "gpu_energy_joules_total",
+        "counter",
+        "Energy used since the driver was loaded.",
+        "energy_joules_total",
+    ),
     GpuMetric("gpu_sm_clock_hertz", "gauge", "Streaming-multiprocessor clock.", "sm_clock_hertz"),
     GpuMetric("gpu_memory_clock_hertz", "gauge", "Memory clock.", "memory_clock_hertz"),
     GpuMetric("gpu_processes", "gauge", "Compute processes running on the GPU.", "process_count"),
@@ -45,12 +56,15 @@ GPU_METRICS: tuple[GpuMetric, ...] = (
 
 # Readings with an extra label dimension; exported by name from these fields.
 ECC_ERRORS = GpuMetric(
-    "gpu_ecc_errors_total", "counter",
+    "gpu_ecc_errors_total",
+    "counter",
     "ECC errors since the driver was loaded, by type (corrected, uncorrected).",
     "ecc_corrected_errors_total",
 )
 XID_ERRORS = GpuMetric(
-    "gpu_xid_errors_total", "counter", "XID errors reported by the driver, by XID code.",
+    "gpu_xid_errors_total",
+    "counter",
+    "XID errors reported by the driver, by XID code.",
     "xid_errors_total",
 )
 HEALTHY = GpuMetric("gpu_healthy", "gauge", "1 when the GPU is healthy, 0 when not.", "healthy")

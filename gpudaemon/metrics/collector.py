@@ -26,7 +26,9 @@ PodMap = Mapping[str, PodRef]
 GPU_LABELS = ["gpu", "uuid", "model", "node", "pod", "namespace", "container"]
 
 
-def _family(name: str, kind: str, help_: str, labels: list[str]) -> GaugeMetricFamily | CounterMetricFamily:
+def _family(
+    name: str, kind: str, help_: str, labels: list[str]
+) -> GaugeMetricFamily | CounterMetricFamily:
     if kind == "counter":
         return CounterMetricFamily(PREFIX + name.removesuffix("_total"), help_, labels=labels)
     return GaugeMetricFamily(PREFIX + name, help_, labels=labels)
@@ -63,18 +65,36 @@ class GpuCollector(Collector):
         pods = self.pods() if self.pods else {}
         base: dict[int, list[str]] = {}
         info = GaugeMetricFamily(
-            PREFIX + "gpu_info", "GPU facts as labels; always 1.",
-            labels=[*GPU_LABELS, "driver_version", "cuda_version", "pci_bus_id",
-                    "compute_capability", "mig_mode"],
+            PREFIX + "gpu_info",
+            "GPU facts as labels; always 1.",
+            labels=[
+                *GPU_LABELS,
+                "driver_version",
+                "cuda_version",
+                "pci_bus_id",
+                "compute_capability",
+                "mig_mode",
+            ],
         )
         cuda = ".".join(map(str, inv.cuda_driver_version)) if inv.cuda_driver_version else ""
         for g in inv.gpus:
             ref = pods.get(g.uuid)
-            base[g.index] = [str(g.index), g.uuid, g.name, self.node,
-                             *((ref.pod, ref.namespace, ref.container) if ref else ("", "", ""))]
+            base[g.index] = [
+                str(g.index),
+                g.uuid,
+                g.name,
+                self.node,
+                *((ref.pod, ref.namespace, ref.container) if ref else ("", "", "")),
+            ]
             info.add_metric(
-                [*base[g.index], inv.driver_version, cuda, g.pci_bus_id,
-                 "{}.{}".format(*g.compute_capability), "enabled" if g.mig_enabled else "disabled"],
+                [
+                    *base[g.index],
+                    inv.driver_version,
+                    cuda,
+                    g.pci_bus_id,
+                    "{}.{}".format(*g.compute_capability),
+                    "enabled" if g.mig_enabled else "disabled",
+                ],
                 1.0,
             )
         yield info
@@ -96,7 +116,9 @@ class GpuCollector(Collector):
             if s.ecc_corrected_errors_total is not None:
                 ecc.add_metric([*base[s.index], "corrected"], float(s.ecc_corrected_errors_total))
             if s.ecc_uncorrected_errors_total is not None:
-                ecc.add_metric([*base[s.index], "uncorrected"], float(s.ecc_uncorrected_errors_total))
+                ecc.add_metric(
+                    [*base[s.index], "uncorrected"], float(s.ecc_uncorrected_errors_total)
+                )
             for code, n in sorted(s.xid_errors_total.items()):
                 xid.add_metric([*base[s.index], str(code)], float(n))
         yield healthy
@@ -106,10 +128,12 @@ class GpuCollector(Collector):
 
     def _mig(self, snap, gpus, base, pods):  # type: ignore[no-untyped-def]
         labels = [*GPU_LABELS, "mig_uuid", "mig_profile", "gpu_instance_id"]
-        used = GaugeMetricFamily(PREFIX + "mig_memory_used_bytes",
-                                 "Memory in use on a MIG instance.", labels=labels)
-        total = GaugeMetricFamily(PREFIX + "mig_memory_total_bytes",
-                                  "Memory of a MIG instance.", labels=labels)
+        used = GaugeMetricFamily(
+            PREFIX + "mig_memory_used_bytes", "Memory in use on a MIG instance.", labels=labels
+        )
+        total = GaugeMetricFamily(
+            PREFIX + "mig_memory_total_bytes", "Memory of a MIG instance.", labels=labels
+        )
         for g in gpus:
             if not g.mig_devices:
                 continue

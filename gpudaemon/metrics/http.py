@@ -37,15 +37,18 @@ def make_app(registry: CollectorRegistry, ready: Readiness) -> Callable[..., Ite
         if path == "/readyz":
             ok, why = ready()
             return _text(start_response, "200 OK" if ok else "503 Service Unavailable", why + "\n")
-        return _text(start_response, "404 Not Found", "not found: try /metrics, /healthz, /readyz\n")
+        return _text(
+            start_response, "404 Not Found", "not found: try /metrics, /healthz, /readyz\n"
+        )
 
     return app
 
 
 def _text(start_response: StartResponse, status: str, body: str) -> list[bytes]:
     data = body.encode()
-    start_response(status, [("Content-Type", "text/plain; charset=utf-8"),
-                            ("Content-Length", str(len(data)))])
+    start_response(
+        status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data)))]
+    )
     return [data]
 
 
@@ -54,11 +57,20 @@ class HttpServer:
 
     def __init__(self, listen: str, app: Callable[..., Iterable[bytes]]) -> None:
         host, _, port = listen.rpartition(":")
-        self._server = make_server(host.strip("[]") or "0.0.0.0", int(port), app,
-                                   server_class=_ThreadingServer, handler_class=_QuietHandler)
+        self._server = make_server(
+            host.strip("[]") or "0.0.0.0",
+            int(port),
+            app,
+            server_class=_ThreadingServer,
+            handler_class=_QuietHandler,
+        )
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="http",
-                                        kwargs={"poll_interval": 0.2}, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            name="http",
+            kwargs={"poll_interval": 0.2},
+            daemon=True,
+        )
 
     def start(self) -> None:
         self._thread.start()

@@ -21,8 +21,13 @@ def find_credentials(kubeconfig: str = "") -> Credentials | None:
         return Credentials(in_cluster=False, kubeconfig=kubeconfig)
     if os.environ.get("KUBERNETES_SERVICE_HOST") and SA_TOKEN.is_file():
         return Credentials(in_cluster=True)
-    for candidate in filter(None, [*os.environ.get("KUBECONFIG", "").split(os.pathsep),
-                                   str(Path.home() / ".kube" / "config")]):
+    for candidate in filter(
+        None,
+        [
+            *os.environ.get("KUBECONFIG", "").split(os.pathsep),
+            str(Path.home() / ".kube" / "config"),
+        ],
+    ):
         if Path(candidate).is_file():
             return Credentials(in_cluster=False, kubeconfig=candidate)
     return None
