@@ -19,6 +19,7 @@ from gpudaemon.labels import LabelSet, NodeLabeler
 from gpudaemon.metrics.agent import AgentMetrics
 from gpudaemon.metrics.collector import GpuCollector, PodMap
 from gpudaemon.metrics.http import HttpServer, make_app
+from gpudaemon.podresources import PodAttribution
 from gpudaemon.schedule import CronScheduler
 from gpudaemon.sinks.local import FileSink, NfdSink, StdoutSink
 
@@ -88,6 +89,11 @@ class Agent:
         self.history = (
             history_sink if history_sink is not None else make_history_sink(cfg, self.registry)
         )
+        # Pod labels come from the kubelet socket unless the caller brings its own map.
+        self.pod_attribution: PodAttribution | None = None
+        if pods is None and cfg.metrics.pod_resources_socket:
+            self.pod_attribution = PodAttribution(cfg.metrics.pod_resources_socket)
+            pods = self.pod_attribution.get
         self.registry.register(GpuCollector(self.cache, cfg.node_name, pods=pods, clock=clock))
         self.scheduler = CronScheduler(
             on_overrun=lambda job: self.metrics.job_overruns.labels(job).inc()
@@ -139,6 +145,11 @@ class Agent:
         history = self.history
         return self._timed("history", lambda: history.write(self.cache.get()))
 
+    def refresh_pods(self) -> bool:
+        if self.pod_attribution is None:
+            return True
+        return self._timed("pods", self.pod_attribution.refresh)
+
     def run_once(self) -> bool:
         """One full cycle, in data order. True when every step succeeded."""
         ok = [
@@ -188,7 +199,10 @@ class Agent:
         self.poll_inventory()
         self.poll_telemetry()
         self.reconcile_labels()
+        self.refresh_pods()
         self.scheduler.add("inventory", self.poll_inventory, s.inventory)
+        if self.pod_attribution is not None:
+            self.scheduler.add("pods", self.refresh_pods, s.pods)
         self.scheduler.add("telemetry", self.poll_telemetry, s.telemetry)
         self.scheduler.add("labels", self.reconcile_labels, s.labels)
         if self.history is not None:

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from gpudaemon import __version__
+
+# `*_created` series double the counter/histogram output and no dashboard or alert
+# reads them; process-wide, like prometheus-client's own switch.
+disable_created_metrics()
 
 # Poll latencies run from ~50 us (simulated) to seconds (a sick driver).
 _POLL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
 class AgentMetrics:
+    """The agent's self-metrics, registered on the registry the app serves."""
+
     def __init__(self, registry: CollectorRegistry) -> None:
         self.poll_duration_seconds = Histogram(
             "gpudaemon_poll_duration_seconds",
@@ -48,7 +54,7 @@ class AgentMetrics:
             ["version", "backend"],
             registry=registry,
         )
-        for job in ("telemetry", "inventory", "labels", "history"):
+        for job in ("telemetry", "inventory", "labels", "history", "pods"):
             self.poll_errors.labels(job)
             self.job_overruns.labels(job)
         for result in ("success", "error", "unchanged"):

@@ -68,3 +68,9 @@ XID_ERRORS = GpuMetric(
     "xid_errors_total",
 )
 HEALTHY = GpuMetric("gpu_healthy", "gauge", "1 when the GPU is healthy, 0 when not.", "healthy")
+LOST = GpuMetric(
+    "gpu_lost",
+    "gauge",
+    "1 when the driver reports the GPU as lost (fell off the bus), 0 when not.",
+    "lost",
+)

@@ -4,18 +4,29 @@ and never calls NVML; families are rebuilt from data already in memory."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from loguru import logger
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpudaemon.cache import Cache
-from gpudaemon.metrics.catalogue import ECC_ERRORS, GPU_METRICS, HEALTHY, PREFIX, XID_ERRORS
+from gpudaemon.metrics.catalogue import (
+    ECC_ERRORS,
+    GPU_METRICS,
+    HEALTHY,
+    LOST,
+    PREFIX,
+    XID_ERRORS,
+)
+from gpudaemon.model import GpuInfo, Snapshot
 
 
 @dataclass(frozen=True)
 class PodRef:
+    """The container a GPU or MIG instance is assigned to (kubelet pod-resources)."""
+
     pod: str
     namespace: str
     container: str
@@ -23,7 +34,10 @@ class PodRef:
 
 # device id (GPU or MIG UUID) -> the container it is assigned to
 PodMap = Mapping[str, PodRef]
+# Unattributed series carry pod="" etc., which Prometheus stores as "label absent".
 GPU_LABELS = ["gpu", "uuid", "model", "node", "pod", "namespace", "container"]
+MIG_LABELS = [*GPU_LABELS, "mig_uuid", "mig_profile", "gpu_instance_id"]
+_NO_POD = ("", "", "")
 
 
 def _family(
@@ -35,6 +49,12 @@ def _family(
 
 
 class GpuCollector(Collector):
+    """Yields fresh metric families from the newest Snapshot on every scrape.
+
+    `pods` must be cheap (it runs inside the scrape): PodAttribution.get returns a
+    map refreshed on its own schedule.
+    """
+
     def __init__(
         self,
         cache: Cache,
@@ -62,7 +82,7 @@ class GpuCollector(Collector):
         inv = snap.inventory
         if inv is None:
             return
-        pods = self.pods() if self.pods else {}
+        pods = self._pods()
         base: dict[int, list[str]] = {}
         info = GaugeMetricFamily(
             PREFIX + "gpu_info",
@@ -84,7 +104,7 @@ class GpuCollector(Collector):
                 g.uuid,
                 g.name,
                 self.node,
-                *((ref.pod, ref.namespace, ref.container) if ref else ("", "", "")),
+                *((ref.pod, ref.namespace, ref.container) if ref else _NO_POD),
             ]
             info.add_metric(
                 [
@@ -109,10 +129,12 @@ class GpuCollector(Collector):
             yield fam
 
         healthy = _family(HEALTHY.name, HEALTHY.kind, HEALTHY.help, GPU_LABELS)
+        lost = _family(LOST.name, LOST.kind, LOST.help, GPU_LABELS)
         ecc = _family(ECC_ERRORS.name, ECC_ERRORS.kind, ECC_ERRORS.help, [*GPU_LABELS, "type"])
         xid = _family(XID_ERRORS.name, XID_ERRORS.kind, XID_ERRORS.help, [*GPU_LABELS, "xid"])
         for s in samples:
             healthy.add_metric(base[s.index], 1.0 if s.healthy else 0.0)
+            lost.add_metric(base[s.index], 1.0 if s.lost else 0.0)
             if s.ecc_corrected_errors_total is not None:
                 ecc.add_metric([*base[s.index], "corrected"], float(s.ecc_corrected_errors_total))
             if s.ecc_uncorrected_errors_total is not None:
@@ -122,17 +144,32 @@ class GpuCollector(Collector):
             for code, n in sorted(s.xid_errors_total.items()):
                 xid.add_metric([*base[s.index], str(code)], float(n))
         yield healthy
+        yield lost
         yield ecc
         yield xid
         yield from self._mig(snap, inv.gpus, base, pods)
 
-    def _mig(self, snap, gpus, base, pods):  # type: ignore[no-untyped-def]
-        labels = [*GPU_LABELS, "mig_uuid", "mig_profile", "gpu_instance_id"]
+    def _pods(self) -> PodMap:
+        if self.pods is None:
+            return {}
+        try:
+            return self.pods()
+        except Exception as e:  # attribution must never fail a scrape
+            logger.error("pod attribution lookup failed: {}", e)
+            return {}
+
+    def _mig(
+        self,
+        snap: Snapshot,
+        gpus: Sequence[GpuInfo],
+        base: Mapping[int, list[str]],
+        pods: PodMap,
+    ) -> Iterator[Metric]:
         used = GaugeMetricFamily(
-            PREFIX + "mig_memory_used_bytes", "Memory in use on a MIG instance.", labels=labels
+            PREFIX + "mig_memory_used_bytes", "Memory in use on a MIG instance.", labels=MIG_LABELS
         )
         total = GaugeMetricFamily(
-            PREFIX + "mig_memory_total_bytes", "Memory of a MIG instance.", labels=labels
+            PREFIX + "mig_memory_total_bytes", "Memory of a MIG instance.", labels=MIG_LABELS
         )
         for g in gpus:
             if not g.mig_devices:
@@ -141,9 +178,8 @@ class GpuCollector(Collector):
             by_uuid = {m.uuid: m for m in s.mig} if s else {}
             for d in g.mig_devices:
                 ref = pods.get(d.uuid)
-                lab = list(base[g.index])
-                if ref:
-                    lab[4:7] = [ref.pod, ref.namespace, ref.container]
+                lab = list(base[g.index][:4])
+                lab += (ref.pod, ref.namespace, ref.container) if ref else _NO_POD
                 lab += [d.uuid, d.profile, str(d.gpu_instance_id)]
                 total.add_metric(lab, float(d.memory_total_bytes))
                 ms = by_uuid.get(d.uuid)

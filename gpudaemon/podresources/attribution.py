@@ -1,0 +1,64 @@
+"""Keeps the current device -> pod map, refreshed on its own schedule.
+
+A scrape calls `get()`, which only returns the last map: the gRPC call happens in
+`refresh()`, run by the scheduler, so a slow kubelet can never slow a scrape.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from types import MappingProxyType
+
+from loguru import logger
+
+from gpudaemon.metrics.collector import PodMap
+from gpudaemon.podresources.client import (
+    DEFAULT_SOCKET,
+    DEFAULT_TIMEOUT_S,
+    Assignment,
+    device_map,
+    list_pod_resources,
+)
+
+Lister = Callable[[str, float], list[Assignment]]
+_EMPTY: PodMap = MappingProxyType({})
+
+
+class PodAttribution:
+    def __init__(
+        self,
+        socket_path: str = DEFAULT_SOCKET,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        lister: Lister = list_pod_resources,
+    ) -> None:
+        self.socket_path = socket_path
+        self.timeout_s = timeout_s
+        self._lister = lister
+        self._map: PodMap = _EMPTY
+        self._socket_seen: bool | None = None  # None: not looked yet
+
+    def get(self) -> PodMap:
+        return self._map  # replaced whole, never mutated: safe without a lock
+
+    def refresh(self) -> None:
+        """Fetch the map once. A missing socket means "no kubelet mounted": no
+        attribution and one log line per change, not an error. A failing List
+        raises PodResourcesError and keeps the last good map."""
+        present = os.path.exists(self.socket_path)
+        if present != self._socket_seen:
+            if present:
+                logger.info("pod attribution: reading {}", self.socket_path)
+            else:
+                logger.info(
+                    "pod attribution off: {} not found (mount the kubelet pod-resources "
+                    "directory to label GPU series with pod, namespace, container)",
+                    self.socket_path,
+                )
+            self._socket_seen = present
+        if not present:
+            self._map = _EMPTY
+            return
+        self._map = MappingProxyType(
+            dict(device_map(self._lister(self.socket_path, self.timeout_s)))
+        )
