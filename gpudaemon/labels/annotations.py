@@ -1,8 +1,9 @@
 """The `<prefix>gpus` annotation: compact per-GPU state for schedulers.
 
-Values are quantized with hysteresis: a published value moves only when the raw
-reading has moved a whole band away from it. Plain rounding would still flap at a
-bucket edge under noise and rewrite the Node; a band does not.
+Readings are smoothed (EWMA across reconciles), then quantized with hysteresis: a
+published value moves only when the smoothed reading has moved a whole band away
+from it. Plain rounding flaps at a bucket edge under noise and rewrites the Node;
+a band on raw readings still flips on the odd 3-sigma spike; both together do not.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ class Quantization:
     memory_band_ratio: float = 0.10  # of the GPU's total memory
     temperature_step_c: int = 5
     temperature_band_c: int = 8
+    # Weight of the newest reading; 0.3 cuts noise ~2.4x yet follows a step in 1-2 cycles.
+    smoothing: float = 0.3
 
 
 def _held(published: int | None, raw: float | None, band: float, step: int) -> int | None:
@@ -40,6 +43,7 @@ class GpuStateAnnotator:
         self.key = prefix + "gpus"
         self.q = q or Quantization()
         self._published: dict[str, dict[str, object]] = {}
+        self._smoothed: dict[tuple[str, str], float] = {}
 
     def annotations(self, snap: Snapshot) -> dict[str, str]:
         if snap.inventory is None:
@@ -69,7 +73,7 @@ class GpuStateAnnotator:
 
         def held(key: str, raw: float | None, band: float, step: int) -> None:
             p = prev.get(key)
-            v = _held(p if isinstance(p, int) else None, raw, band, step)
+            v = _held(p if isinstance(p, int) else None, self._smooth(uuid, key, raw), band, step)
             if v is not None:
                 entry[key] = v
 
@@ -84,3 +88,13 @@ class GpuStateAnnotator:
         if s.process_count is not None:
             entry["processes"] = s.process_count
         return entry
+
+    def _smooth(self, uuid: str, key: str, raw: float | None) -> float | None:
+        if raw is None:
+            self._smoothed.pop((uuid, key), None)
+            return None
+        prev = self._smoothed.get((uuid, key))
+        a = self.q.smoothing
+        value = raw if prev is None else prev + a * (raw - prev)
+        self._smoothed[(uuid, key)] = value
+        return value

@@ -1,0 +1,162 @@
+"""A stand-in for the `pynvml` module with just the API NvmlBackend uses.
+
+Devices are built with small builders (after GPU Feature Discovery's test style):
+`FakeGpu(...)`, then `.lost()`, `.unsupported("nvmlDeviceGetPowerUsage")`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml as real
+
+# Reuse the real constants so the backend's comparisons are exercised as in production.
+CONSTANTS = {k: getattr(real, k) for k in dir(real) if k.startswith(("NVML_", "nvmlEventType"))}
+CONSTANTS["nvmlMemory_v2"] = real.nvmlMemory_v2
+
+
+class NVMLError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
+@dataclass
+class FakeGpu:
+    name: str = "NVIDIA H100 80GB HBM3"
+    uuid: str = "GPU-00000000-0000-0000-0000-000000000000"
+    memory_total: int = 81559 * 2**20
+    memory_used: int = 1024 * 2**20
+    cc: tuple[int, int] = (9, 0)
+    util: tuple[int, int] = (42, 17)
+    temp: int = 51
+    power_mw: int = 250_000
+    energy_mj: int = 9_000_000
+    sbe: int = 0
+    dbe: int = 0
+    is_lost: bool = False
+    missing: set[str] = field(default_factory=set)
+
+    def lost(self) -> FakeGpu:
+        self.is_lost = True
+        return self
+
+    def unsupported(self, *fns: str) -> FakeGpu:
+        self.missing |= set(fns)
+        return self
+
+
+class FakeNvml:
+    """Module-like object: attributes are the pynvml functions and constants."""
+
+    def __init__(
+        self,
+        gpus: list[FakeGpu],
+        init_error: int | None = None,
+        memory_v2: bool = True,
+        field_values: bool = True,
+    ) -> None:
+        self.__dict__.update(CONSTANTS)
+        self.NVMLError = NVMLError
+        self.gpus = gpus
+        self.init_error = init_error
+        self.memory_v2 = memory_v2
+        self.field_values = field_values
+        self.calls: list[str] = []
+        self.shutdowns = 0
+
+    def _gpu(self, h: Any, fn: str) -> FakeGpu:
+        self.calls.append(fn)
+        g: FakeGpu = self.gpus[h]
+        if g.is_lost:
+            raise NVMLError(real.NVML_ERROR_GPU_IS_LOST)
+        if fn in g.missing:
+            raise NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        return g
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise NVMLError(self.init_error)
+
+    def nvmlShutdown(self) -> None:
+        self.shutdowns += 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "550.54.15"
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return 12040
+
+    def nvmlDeviceGetName(self, h: int) -> str:
+        return self._gpu(h, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return self._gpu(h, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetMemoryInfo(self, h: int, version: int | None = None) -> Any:
+        g = self._gpu(h, "nvmlDeviceGetMemoryInfo")
+        if version is not None and not self.memory_v2:
+            raise NVMLError(real.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return SimpleNamespace(
+            total=g.memory_total, used=g.memory_used, free=g.memory_total - g.memory_used
+        )
+
+    def nvmlDeviceGetCudaComputeCapability(self, h: int) -> tuple[int, int]:
+        return self._gpu(h, "nvmlDeviceGetCudaComputeCapability").cc
+
+    def nvmlDeviceGetPciInfo(self, h: int) -> Any:
+        self._gpu(h, "nvmlDeviceGetPciInfo")
+        return SimpleNamespace(busId=f"00000000:{h:02X}:00.0".encode())
+
+    def nvmlDeviceGetMigMode(self, h: int) -> tuple[int, int]:
+        self._gpu(h, "nvmlDeviceGetMigMode")
+        return (0, 0)
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
+        g = self._gpu(h, "nvmlDeviceGetUtilizationRates")
+        return SimpleNamespace(gpu=g.util[0], memory=g.util[1])
+
+    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
+        return self._gpu(h, "nvmlDeviceGetTemperature").temp
+
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
+        return self._gpu(h, "nvmlDeviceGetPowerUsage").power_mw
+
+    def nvmlDeviceGetClockInfo(self, h: int, kind: int) -> int:
+        self._gpu(h, "nvmlDeviceGetClockInfo")
+        return 1980 if kind == real.NVML_CLOCK_SM else 2619
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
+        self._gpu(h, "nvmlDeviceGetComputeRunningProcesses")
+        return [SimpleNamespace(pid=1), SimpleNamespace(pid=2)]
+
+    def nvmlDeviceGetFieldValues(self, h: int, ids: list[int]) -> list[Any]:
+        g = self._gpu(h, "nvmlDeviceGetFieldValues")
+        if not self.field_values:
+            raise NVMLError(real.NVML_ERROR_FUNCTION_NOT_FOUND)
+        table = {
+            real.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: g.energy_mj,
+            real.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: g.sbe,
+            real.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: g.dbe,
+            real.NVML_FI_DEV_NVLINK_LINK_COUNT: 18,
+        }
+        out = []
+        for i in ids:
+            ok = i in table and "field:%d" % i not in g.missing
+            out.append(
+                SimpleNamespace(
+                    fieldId=i,
+                    nvmlReturn=real.NVML_SUCCESS if ok else real.NVML_ERROR_NOT_SUPPORTED,
+                    valueType=real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+                    value=SimpleNamespace(ullVal=table.get(i, 0)),
+                )
+            )
+        return out

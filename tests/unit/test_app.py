@@ -1,0 +1,139 @@
+"""The wired agent: one cycle, failures isolated per job, readiness, SIGTERM."""
+
+import json
+import signal
+import time
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from gpudaemon.app import Agent
+from gpudaemon.backends.simulated import SimulatedBackend, load_profile
+from gpudaemon.config import load_config
+from gpudaemon.errors import BackendError
+from gpudaemon.labels import LabelSet
+from tests.support import free_port, http_get, start_agent, stop, wait_for
+
+
+class RecordingSink:
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.applied: list[LabelSet] = []
+        self.closed = False
+
+    def apply(self, ls: LabelSet) -> bool:
+        self.applied.append(ls)
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FlakyBackend(SimulatedBackend):
+    fail = False
+
+    def sample(self):  # type: ignore[no-untyped-def]
+        if self.fail:
+            raise BackendError("driver went away")
+        return super().sample()
+
+
+def make_agent(
+    backend: SimulatedBackend | None = None,
+) -> tuple[Agent, RecordingSink, CollectorRegistry]:
+    cfg = load_config(environ={}, overrides={"simulate": "dgx-h100", "node_name": "n1"})
+    sink, reg = RecordingSink(), CollectorRegistry()
+    agent = Agent(
+        cfg,
+        backend=backend or SimulatedBackend(load_profile("dgx-h100")),
+        registry=reg,
+        label_sink=sink,
+    )
+    return agent, sink, reg
+
+
+def test_run_once_goes_backend_cache_labels() -> None:
+    agent, sink, reg = make_agent()
+    assert agent.run(once=True) == 0
+    assert sink.applied and sink.applied[-1].labels["gpudaemon.io/gpu.count"] == "8"
+    assert sink.closed
+    assert reg.get_sample_value("gpudaemon_poll_duration_seconds_count", {"job": "telemetry"}) == 1
+    assert (
+        reg.get_sample_value(
+            "gpudaemon_gpu_utilization_ratio",
+            {
+                "gpu": "0",
+                "uuid": agent.cache.get().samples[0].uuid,
+                "model": "NVIDIA H100 80GB HBM3",
+                "node": "n1",
+                "pod": "",
+                "namespace": "",
+                "container": "",
+            },
+        )
+        is not None
+    )
+
+
+def test_a_failing_poll_keeps_the_last_good_data_and_is_counted() -> None:
+    backend = FlakyBackend(load_profile("dgx-h100"))
+    agent, _, reg = make_agent(backend)
+    assert agent.poll_telemetry()
+    good = agent.cache.get()
+    backend.fail = True
+    assert not agent.poll_telemetry()
+    assert agent.cache.get() is good
+    assert reg.get_sample_value("gpudaemon_poll_errors_total", {"job": "telemetry"}) == 1
+
+
+def test_readiness_needs_a_fresh_reading() -> None:
+    now = [1000.0]
+    cfg = load_config(
+        environ={}, overrides={"simulate": "dgx-h100", "metrics": {"stale_after_seconds": 30}}
+    )
+    agent = Agent(
+        cfg, registry=CollectorRegistry(), label_sink=RecordingSink(), clock=lambda: now[0]
+    )
+    assert agent.readiness()[0] is False
+    agent.poll_telemetry()
+    assert agent.readiness()[0] is True
+    now[0] += 31
+    ok, why = agent.readiness()
+    assert not ok and "31s old" in why
+
+
+def test_sigterm_stops_a_running_agent_promptly(tmp_path: Path) -> None:
+    port = free_port()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("schedules: {telemetry: '* * * * * *', labels: '* * * * * *'}\n")
+    out = tmp_path / "labels.json"
+    proc = start_agent(
+        [
+            "run",
+            "--simulate",
+            "dgx-h100",
+            "--config",
+            str(cfg),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--labels-to",
+            str(out),
+        ],
+        log=tmp_path / "log",
+    )
+    try:
+        wait_for(lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 20, what="/readyz")
+        status, body = http_get(f"http://127.0.0.1:{port}/metrics")
+        assert status == 200 and b"gpudaemon_gpu_temperature_celsius" in body
+        assert http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+        assert json.loads(out.read_text())["labels"]["gpudaemon.io/gpu.count"] == "8"
+        time.sleep(1.5)  # let scheduled jobs run
+        t = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+        assert time.monotonic() - t < 5
+    finally:
+        stop(proc)
+    log = (tmp_path / "log").read_text()
+    assert "stopping" in log and "Traceback" not in log

@@ -1,0 +1,113 @@
+"""The CLI as users run it: real subprocesses, exit codes, one-line errors, no tracebacks."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO
+
+
+def gpudaemon(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run(
+        [sys.executable, "-m", "gpudaemon", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, "KUBECONFIG": "/nonexistent", **(env or {})},
+    )
+
+
+def test_probe_json_reports_eight_gpus_with_labels_and_annotation() -> None:
+    p = gpudaemon("probe", "--simulate", "dgx-h100", "--format", "json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert {"gpus", "labels", "annotations"} <= set(d)
+    assert len(d["gpus"]) == 8
+    assert d["labels"]["gpudaemon.io/gpu.count"] == "8"
+    assert len(json.loads(d["annotations"]["gpudaemon.io/gpus"])) == 8
+
+
+def test_probe_table() -> None:
+    p = gpudaemon("probe", "--simulate", "a100-mig")
+    assert p.returncode == 0 and "gpudaemon.io/mig.enabled=true" in p.stdout
+
+
+def test_run_once_exits_zero_and_prints_labels() -> None:
+    p = gpudaemon("run", "--simulate", "dgx-h100", "--once", "--labels-to", "stdout")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["labels"]["gpudaemon.io/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+
+
+def test_run_once_with_default_sink_and_no_cluster_falls_back_to_stdout() -> None:
+    p = gpudaemon("run", "--simulate", "dgx-h100", "--once", env={"HOME": "/nonexistent"})
+    assert p.returncode == 0, p.stderr
+    assert "writing labels to stdout" in p.stderr and "gpudaemon.io/gpu.count" in p.stdout
+
+
+def test_labels_to_nfd_file(tmp_path: Path) -> None:
+    out = tmp_path / "features.d" / "gpudaemon"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"labels: {{to: nfd, nfd_path: {out}}}\n")
+    p = gpudaemon("run", "--simulate", "dgx-h100", "--once", "--config", str(cfg))
+    assert p.returncode == 0, p.stderr
+    lines = out.read_text().splitlines()
+    assert "gpudaemon.io/gpu.count=8" in lines and all("=" in line for line in lines)
+
+
+def test_version() -> None:
+    p = gpudaemon("version")
+    assert p.returncode == 0 and p.stdout.startswith("gpudaemon ")
+
+
+BAD = [
+    (["run", "--bogus"], "unrecognized arguments"),
+    (["probe", "--format", "xml"], "invalid choice"),
+    (["probe", "--simulate", "no-such-profile"], "unknown simulation profile"),
+    (["run", "--simulate", "no-such-profile", "--once"], "unknown simulation profile"),
+    (["run", "--once", "--labels-to", "stdout"], "NVML is not available"),
+    (["probe"], "NVML is not available"),
+    (["run", "--config", "/nonexistent.yaml"], "No such file"),
+    (["run", "--listen", "nowhere", "--simulate", "dgx-h100"], "metrics.listen"),
+    (["run", "--seed", "abc"], "invalid int value"),
+    (["probe", "--simulate", "dgx-h100", "--prefix", "Not A Prefix"], "--prefix"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
+    p = gpudaemon(*args)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    errors = [line for line in p.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and message in errors[0], p.stderr
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ("schedules: {telemetry: '*/5 * * *'}", "invalid cron expression"),
+        ("labels: {bogus: 1}", "labels.bogus: unknown key"),
+    ],
+)
+def test_bad_config_file_exit_2(tmp_path: Path, config: str, message: str) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(config)
+    p = gpudaemon("run", "--config", str(f), "--simulate", "dgx-h100")
+    assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_bad_profile_file_exit_2(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text("gpus: [{name: X}]")
+    p = gpudaemon("probe", "--simulate", str(f))
+    assert p.returncode == 2 and "memory_total_mib" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1

@@ -1,0 +1,103 @@
+"""Configuration: YAML < environment < flags, validated at load, one-line errors."""
+
+from pathlib import Path
+
+import pytest
+
+from gpudaemon.config import load_config
+from gpudaemon.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> str:
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_defaults_match_the_brief() -> None:
+    c = load_config(environ={})
+    assert c.schedules.telemetry == "*/5 * * * * *" and c.schedules.inventory == "0 */5 * * * *"
+    assert c.labels.prefix == "gpudaemon.io/" and c.labels.to == "apiserver"
+    assert c.metrics.listen == "0.0.0.0:9445" and c.extender.listen == "0.0.0.0:9446"
+    assert c.influxdb.spool_max_bytes == 268435456 and c.simulate is None
+    assert c.node_name  # hostname fallback
+
+
+def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
+    f = write(
+        tmp_path,
+        "node_name: from-file\ninfluxdb: {url: http://file, org: o}\n"
+        "schedules: {labels: '*/10 * * * * *'}\n",
+    )
+    env = {
+        "GPUDAEMON_INFLUXDB__URL": "http://env",
+        "GPUDAEMON_NODE_NAME": "from-env",
+        "GPUDAEMON_METRICS__STALE_AFTER_SECONDS": "12.5",
+    }
+    c = load_config(f, environ=env, overrides={"node_name": "from-flag"})
+    assert c.node_name == "from-flag"
+    assert c.influxdb.url == "http://env" and c.influxdb.org == "o"
+    assert c.metrics.stale_after_seconds == 12.5
+    assert c.schedules.labels == "*/10 * * * * *"
+
+
+def test_node_name_env_fallback() -> None:
+    assert load_config(environ={}).node_name
+    import os
+
+    os.environ["NODE_NAME"] = "n-7"
+    try:
+        assert load_config(environ={}).node_name == "n-7"
+    finally:
+        del os.environ["NODE_NAME"]
+
+
+def test_unrelated_gpudaemon_env_vars_are_ignored() -> None:
+    load_config(environ={"GPUDAEMON_TOOLS_DIR": "/x", "GPUDAEMON_TOOLS_BIN": "/y"})
+
+
+def test_token_is_secret_and_read_from_file(tmp_path: Path) -> None:
+    tok = tmp_path / "tok"
+    tok.write_text("s3cret\n")
+    c = load_config(environ={"GPUDAEMON_INFLUXDB__TOKEN_FILE": str(tok)})
+    assert c.influx_token() == "s3cret"
+    c2 = load_config(environ={"GPUDAEMON_INFLUXDB__TOKEN": "envtok"})
+    assert c2.influx_token() == "envtok"
+    assert "envtok" not in repr(c2) and "envtok" not in str(c2.model_dump())
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "message"),
+    [
+        (
+            "schedules: {telemetry: '61 * * * *'}",
+            {},
+            "schedules.telemetry: invalid cron expression",
+        ),
+        ("schedules: {history: 'every minute'}", {}, "schedules.history: invalid cron expression"),
+        ("labelz: {}", {}, "labelz: unknown key"),
+        ("labels: {prefx: a/}", {}, "labels.prefx: unknown key"),
+        ("labels: {prefix: 'Bad Prefix'}", {}, "labels.prefix"),
+        ("metrics: {listen: 9445}", {}, "metrics.listen: must be HOST:PORT"),
+        ("extender: {policy: random}", {}, "extender.policy"),
+        ("influxdb: {spool_max_bytes: -1}", {}, "influxdb.spool_max_bytes"),
+        ("logging: {level: LOUD}", {}, "logging.level"),
+        ("node_name: [a, b]", {}, "node_name"),
+        ("just a string", {}, "expected a mapping"),
+        ("a: [", {}, "invalid YAML"),
+        ("", {"GPUDAEMON_INFLUXDB__URLL": "x"}, "influxdb.urll: unknown key"),
+        ("", {"GPUDAEMON_METRICS__STALE_AFTER_SECONDS": "soon"}, "metrics.stale_after_seconds"),
+    ],
+)
+def test_bad_config_is_one_line_naming_the_key(
+    tmp_path: Path, text: str, env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, text), environ=env)
+    assert message in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_config_file() -> None:
+    with pytest.raises(ConfigError, match="No such file"):
+        load_config("/nonexistent/gpudaemon.yaml", environ={})

@@ -1,0 +1,129 @@
+"""The label set the brief names, computed from the cache; annotations that don't churn."""
+
+import json
+
+from gpudaemon.backends.simulated import FaultSpec, SimulatedBackend, load_profile, parse_profile
+from gpudaemon.cache import Cache
+from gpudaemon.labels import NodeLabeler
+from gpudaemon.labels.sanitize import is_valid_value
+from gpudaemon.model import Snapshot
+
+P = "gpudaemon.io/"
+BRIEF_LABELS = {
+    "gpu.present",
+    "gpu.count",
+    "gpu.product",
+    "gpu.family",
+    "gpu.memory",
+    "gpu.compute.major",
+    "gpu.compute.minor",
+    "driver.major",
+    "driver.minor",
+    "cuda.driver.major",
+    "cuda.driver.minor",
+    "gpu.healthy",
+    "mig.capable",
+    "mig.enabled",
+}
+
+
+def snapshot(backend: SimulatedBackend) -> Snapshot:
+    cache = Cache()
+    cache.put_inventory(backend.inventory())
+    return cache.put_samples(backend.sample())
+
+
+def test_dgx_h100_labels() -> None:
+    ls = NodeLabeler().build(snapshot(SimulatedBackend(load_profile("dgx-h100"))))
+    assert {k.removeprefix(P) for k in ls.labels} >= BRIEF_LABELS
+    assert ls.labels[P + "gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert ls.labels[P + "gpu.count"] == "8" and ls.labels[P + "gpu.healthy"] == "8"
+    assert ls.labels[P + "gpu.memory"] == "81559" and ls.labels[P + "gpu.family"] == "hopper"
+    assert (ls.labels[P + "driver.major"], ls.labels[P + "driver.minor"]) == ("550", "54")
+    assert (ls.labels[P + "cuda.driver.major"], ls.labels[P + "cuda.driver.minor"]) == ("12", "4")
+    assert ls.labels[P + "mig.enabled"] == "false"
+    gpus = json.loads(ls.annotations[P + "gpus"])
+    assert [g["index"] for g in gpus] == list(range(8))
+    assert set(gpus[0]) >= {
+        "uuid",
+        "memory_total_mib",
+        "memory_used_mib",
+        "utilization_pct",
+        "temperature_c",
+        "healthy",
+        "processes",
+    }
+    assert all(is_valid_value(v) for v in ls.labels.values())
+
+
+def test_mig_and_mixed_labels() -> None:
+    mig = NodeLabeler().build(snapshot(SimulatedBackend(load_profile("a100-mig")))).labels
+    assert (mig[P + "mig.capable"], mig[P + "mig.enabled"]) == ("true", "true")
+    assert mig[P + "gpu.family"] == "ampere"
+    mixed = NodeLabeler().build(snapshot(SimulatedBackend(load_profile("mixed")))).labels
+    assert mixed[P + "gpu.count"] == "5" and mixed[P + "gpu.mixed"] == "true"
+    assert mixed[P + "gpu.product"] == "NVIDIA-A100-SXM4-40GB"  # most common; ties -> lowest index
+
+
+def test_custom_prefix() -> None:
+    ls = NodeLabeler("example.com/").build(snapshot(SimulatedBackend(load_profile("dgx-h100"))))
+    assert all(k.startswith("example.com/") for k in [*ls.labels, *ls.annotations])
+
+
+def test_lost_gpu_changes_health_label_and_annotation() -> None:
+    b = SimulatedBackend(load_profile("dgx-h100"))
+    labeler = NodeLabeler()
+    labeler.build(snapshot(b))
+    b.inject(5, FaultSpec(kind="lost"))
+    ls = labeler.build(snapshot(b))
+    assert ls.labels[P + "gpu.healthy"] == "7" and ls.labels[P + "gpu.count"] == "8"
+    g5 = json.loads(ls.annotations[P + "gpus"])[5]
+    assert g5["healthy"] is False and g5["reason"] == "gpu lost"
+
+
+def test_noisy_steady_utilization_does_not_change_labels_or_annotation() -> None:
+    b = SimulatedBackend(load_profile("dgx-h100"), seed=3)
+    cache, labeler = Cache(), NodeLabeler()
+    cache.put_inventory(b.inventory())
+    results = set()
+    for _ in range(200):
+        cache.put_samples(b.sample())
+        ls = labeler.build(cache.get())
+        results.add((tuple(sorted(ls.labels.items())), ls.annotations[P + "gpus"]))
+    assert len(results) == 1
+
+
+def test_a_real_load_change_moves_the_annotation() -> None:
+    idle = "gpus: [{name: X, memory_total_mib: 1000, compute_capability: '9.0', utilization: {pattern: idle}}]"
+    busy = idle.replace("idle", "busy")
+    labeler = NodeLabeler()
+    idle_b, busy_b = SimulatedBackend(parse_profile(idle)), SimulatedBackend(parse_profile(busy))
+    assert idle_b.inventory().gpus[0].uuid == busy_b.inventory().gpus[0].uuid  # same GPU
+
+    def util() -> int:
+        b = idle_b if phase == "idle" else busy_b
+        return int(
+            json.loads(labeler.build(snapshot(b)).annotations[P + "gpus"])[0]["utilization_pct"]
+        )
+
+    phase = "idle"
+    assert [util() for _ in range(3)] == [0, 0, 0]
+    phase = "busy"
+    seen = [util() for _ in range(6)]
+    assert seen[0] > 0  # the first reconcile after the change already moves it
+    assert seen[-1] >= 90  # and it settles at the new load
+
+
+def test_no_inventory_no_labels() -> None:
+    ls = NodeLabeler().build(Snapshot())
+    assert dict(ls.labels) == {} and ls.annotations == {}
+
+
+def test_unclean_names_in_a_profile_still_give_valid_labels() -> None:
+    prof = parse_profile(
+        "gpus: [{name: 'NVIDIA H100 (SXM5) 80GB / HBM3 — engineering sample, rev. B2 [do not ship]',"
+        " memory_total_mib: 81559, compute_capability: '9.0'}]"
+    )
+    ls = NodeLabeler().build(snapshot(SimulatedBackend(prof)))
+    assert all(is_valid_value(v) for v in ls.labels.values())
+    assert len(ls.labels[P + "gpu.product"]) <= 63

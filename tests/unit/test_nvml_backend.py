@@ -1,0 +1,120 @@
+"""The NVML backend against a fake pynvml: units, absence, lost GPUs, fallbacks, XIDs."""
+
+import pynvml as real
+import pytest
+
+from gpudaemon.backends.nvml import NvmlBackend
+from gpudaemon.errors import BackendError, NvmlUnavailableError
+from tests.unit.fake_nvml import FakeGpu, FakeNvml
+
+
+def backend(fake: FakeNvml) -> NvmlBackend:
+    return NvmlBackend(nvml=fake, xid_events=False)  # type: ignore[arg-type]
+
+
+def test_inventory_and_units() -> None:
+    b = backend(FakeNvml([FakeGpu(), FakeGpu(uuid="GPU-2")]))
+    inv = b.inventory()
+    assert inv.driver_version == "550.54.15" and inv.cuda_driver_version == (12, 4)
+    g = inv.gpus[0]
+    assert (g.name, g.memory_total_mib, g.compute_capability, g.nvlink_links) == (
+        "NVIDIA H100 80GB HBM3",
+        81559,
+        (9, 0),
+        18,
+    )
+    assert g.pci_bus_id == "00000000:00:00.0" and g.mig_capable and not g.mig_enabled
+    s = b.sample()[0]
+    assert s.gpu_utilization_ratio == pytest.approx(0.42)
+    assert s.memory_utilization_ratio == pytest.approx(0.17)
+    assert s.power_watts == pytest.approx(250.0)
+    assert s.energy_joules_total == pytest.approx(9000.0)
+    assert s.sm_clock_hertz == pytest.approx(1.98e9)
+    assert s.temperature_celsius == 51.0 and s.process_count == 2
+    assert (s.ecc_corrected_errors_total, s.ecc_uncorrected_errors_total) == (0, 0)
+
+
+def test_unsupported_readings_are_none_never_zero() -> None:
+    gpu = FakeGpu().unsupported(
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetTemperature",
+        f"field:{real.NVML_FI_DEV_ECC_SBE_VOL_TOTAL}",
+    )
+    b = backend(FakeNvml([gpu]))
+    b.inventory()
+    s = b.sample()[0]
+    assert s.power_watts is None and s.temperature_celsius is None
+    assert s.ecc_corrected_errors_total is None
+    assert s.ecc_uncorrected_errors_total == 0  # still supported
+    assert s.gpu_utilization_ratio is not None
+
+
+def test_lost_gpu_is_isolated() -> None:
+    gpus = [FakeGpu(uuid=f"GPU-{i}") for i in range(4)]
+    b = backend(FakeNvml(gpus))
+    b.inventory()
+    gpus[2].lost()
+    samples = b.sample()
+    assert samples[2].lost and not samples[2].healthy and samples[2].uuid == "GPU-2"
+    assert samples[2].gpu_utilization_ratio is None
+    assert [s.healthy for s in samples] == [True, True, False, True]
+    inv = b.inventory()  # the lost GPU keeps its last known facts
+    assert inv.gpus[2].name == "NVIDIA H100 80GB HBM3" and len(inv.gpus) == 4
+
+
+def test_memory_v2_probed_once_then_v1() -> None:
+    fake = FakeNvml([FakeGpu()], memory_v2=False)
+    b = backend(fake)
+    b.inventory()
+    b.sample()
+    b.sample()
+    assert b._memory_v2 is False
+    assert b.sample()[0].memory_used_bytes == 1024 * 2**20
+
+
+def test_field_values_unavailable_leaves_energy_absent() -> None:
+    b = backend(FakeNvml([FakeGpu()], field_values=False))
+    b.inventory()
+    s = b.sample()[0]
+    assert s.energy_joules_total is None and s.ecc_corrected_errors_total is None
+    assert s.power_watts == pytest.approx(250.0)
+
+
+def test_uncorrected_ecc_makes_gpu_unhealthy() -> None:
+    b = backend(FakeNvml([FakeGpu(dbe=3)]))
+    b.inventory()
+    s = b.sample()[0]
+    assert not s.healthy and "ecc" in s.health_reason
+
+
+def test_xids_are_counted_and_critical_ones_mark_unhealthy() -> None:
+    b = backend(FakeNvml([FakeGpu(), FakeGpu(uuid="GPU-2")]))
+    b.inventory()
+    b.record_xid(0, 13)
+    b.record_xid(1, 79)
+    b.record_xid(1, 79)
+    s = b.sample()
+    assert s[0].xid_errors_total == {13: 1} and s[0].healthy
+    assert s[1].xid_errors_total == {79: 2} and not s[1].healthy and s[1].health_reason == "xid 79"
+
+
+@pytest.mark.parametrize(
+    "code", [real.NVML_ERROR_LIBRARY_NOT_FOUND, real.NVML_ERROR_DRIVER_NOT_LOADED]
+)
+def test_missing_driver_is_a_clear_usage_error(code: int) -> None:
+    with pytest.raises(NvmlUnavailableError, match="--simulate"):
+        backend(FakeNvml([], init_error=code)).inventory()
+
+
+def test_other_init_failures_are_backend_errors() -> None:
+    with pytest.raises(BackendError, match="nvmlInit failed"):
+        backend(FakeNvml([], init_error=real.NVML_ERROR_UNKNOWN)).inventory()
+
+
+def test_close_shuts_nvml_down_once() -> None:
+    fake = FakeNvml([FakeGpu()])
+    b = backend(fake)
+    b.inventory()
+    b.close()
+    b.close()
+    assert fake.shutdowns == 1

@@ -1,0 +1,91 @@
+"""Cron parsing (5 and 6 fields, fixed clock) and the scheduler's overrun handling."""
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gpudaemon.schedule import CronError, CronScheduler, parse_cron
+
+T0 = datetime(2026, 11, 22, 10, 0, 0, 300000, tzinfo=UTC)  # a Sunday
+
+
+def fires(expr: str, n: int, now: datetime = T0) -> list[datetime]:
+    trig, out, prev = parse_cron(expr), [], None
+    for _ in range(n):
+        nxt = trig.get_next_fire_time(prev, now)
+        out.append(nxt)
+        prev, now = nxt, nxt + timedelta(microseconds=1)
+    return out
+
+
+def test_six_fields_have_seconds() -> None:
+    got = fires("*/5 * * * * *", 3)
+    assert [t.second for t in got] == [5, 10, 15] and got[0].minute == 0
+
+
+def test_five_fields_are_minute_resolution() -> None:
+    got = fires("*/15 * * * *", 2)
+    assert [(t.minute, t.second) for t in got] == [(15, 0), (30, 0)]
+
+
+def test_inventory_default_every_five_minutes() -> None:
+    assert [t.minute for t in fires("0 */5 * * * *", 2)] == [5, 10]
+
+
+def test_weekday_numbers_follow_crontab_sunday_is_zero() -> None:
+    # T0 is a Sunday: "0" must fire today, "1" (Monday) tomorrow.
+    assert fires("0 12 * * 0", 1)[0].date() == T0.date()
+    assert fires("0 12 * * 1", 1)[0].weekday() == 0
+    assert fires("0 12 * * 1-5", 1)[0].weekday() == 0
+    assert fires("0 12 * * 0-6", 1)[0].date() == T0.date()
+
+
+@pytest.mark.parametrize(
+    "expr",
+    ["", "* * * *", "* * * * * * *", "61 * * * *", "*/0 * * * * *", "a b c d e", "* * 32 * *"],
+)
+def test_invalid_expressions_raise_one_line(expr: str) -> None:
+    with pytest.raises(CronError) as e:
+        parse_cron(expr)
+    assert "invalid cron expression" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_overrunning_job_is_skipped_and_counted_not_stacked() -> None:
+    release, running, overruns = threading.Event(), [], []
+    sched = CronScheduler(on_overrun=overruns.append)
+
+    def slow() -> None:
+        running.append(1)
+        release.wait(10)
+
+    sched.add("telemetry", slow, "* * * * * *")
+    sched.start()
+    try:
+        deadline = time.monotonic() + 8
+        while not overruns and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        release.set()
+        sched.shutdown(wait=True)
+    assert overruns and overruns[0] == "telemetry"
+    assert len(running) == 1  # never two at once
+    assert sched.stats.by_job["telemetry"]["overruns"] >= 1
+
+
+def test_shutdown_waits_for_the_running_job_then_returns_promptly() -> None:
+    started, finished = threading.Event(), threading.Event()
+    sched = CronScheduler()
+
+    def job() -> None:
+        started.set()
+        time.sleep(0.5)
+        finished.set()
+
+    sched.add("labels", job, "* * * * * *")
+    sched.start()
+    assert started.wait(3)
+    t = time.monotonic()
+    sched.shutdown(wait=True)
+    assert finished.is_set() and time.monotonic() - t < 3
