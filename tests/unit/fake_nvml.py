@@ -150,7 +150,7 @@ class FakeNvml:
         }
         out = []
         for i in ids:
-            ok = i in table and "field:%d" % i not in g.missing
+            ok = i in table and f"field:{i}" not in g.missing
             out.append(
                 SimpleNamespace(
                     fieldId=i,
