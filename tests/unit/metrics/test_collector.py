@@ -38,7 +38,9 @@ def _registry(
     cache.put_inventory(NodeInventory("550.54.15", (12, 4), gpus, backend="simulated"))
     cache.put_samples(samples)
     reg = CollectorRegistry()
-    reg.register(GpuCollector(cache, NODE, pods=(lambda: pods) if pods else None, clock=lambda: now))
+    reg.register(
+        GpuCollector(cache, NODE, pods=(lambda: pods) if pods else None, clock=lambda: now)
+    )
     return reg
 
 

@@ -1,0 +1,187 @@
+"""The agent's HTTP endpoints and self-metrics: /metrics content negotiation
+(OpenMetrics, gzip), /healthz, /readyz against the staleness bound, the poll
+histogram, error counter and build info, and that a scrape never touches the backend."""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpudaemon.app import Agent
+from gpudaemon.backends.simulated import SimulatedBackend, load_profile
+from gpudaemon.config import Config, load_config
+from gpudaemon.errors import BackendError
+from gpudaemon.labels import LabelSet
+from gpudaemon.model import GpuSample, NodeInventory
+from tests.support import http_get
+
+
+class GuardedBackend:
+    """A simulated backend that fails the test if it is touched while `armed`."""
+
+    name = "simulated"
+
+    def __init__(self, profile: str = "dgx-h100") -> None:
+        self.inner = SimulatedBackend(load_profile(profile), seed=3)
+        self.armed = False
+        self.fail_sample = False
+        self.touched_while_armed = 0
+
+    def _check(self) -> None:
+        if self.armed:
+            self.touched_while_armed += 1
+            raise AssertionError("backend called during a scrape")
+
+    def inventory(self) -> NodeInventory:
+        self._check()
+        return self.inner.inventory()
+
+    def sample(self) -> tuple[GpuSample, ...]:
+        self._check()
+        if self.fail_sample:
+            raise BackendError("driver gone")
+        return self.inner.sample()
+
+    def close(self) -> None:
+        pass
+
+
+class NullSink:
+    name = "null"
+
+    def apply(self, ls: LabelSet) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _cfg(**metrics: Any) -> Config:
+    return load_config(
+        environ={},
+        overrides={
+            "node_name": "node-a",
+            "metrics": {"listen": "127.0.0.1:0", "pod_resources_socket": "", **metrics},
+        },
+    )
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def backend() -> GuardedBackend:
+    return GuardedBackend()
+
+
+@pytest.fixture
+def agent(backend: GuardedBackend, clock: Clock) -> Iterator[Agent]:
+    a = Agent(
+        _cfg(stale_after_seconds=30),
+        backend=backend,
+        registry=CollectorRegistry(),
+        label_sink=NullSink(),
+        clock=clock,
+    )
+    yield a
+    a.close()
+
+
+@pytest.fixture
+def url(agent: Agent) -> str:
+    return f"http://127.0.0.1:{agent.start_http()}"
+
+
+def test_healthz_answers_while_the_process_is_alive(url: str) -> None:
+    assert http_get(url + "/healthz") == (200, b"ok\n")
+
+
+def test_readyz_is_not_ready_before_the_first_poll(url: str) -> None:
+    status, body = http_get(url + "/readyz")
+    assert status == 503
+    assert b"no telemetry poll" in body
+
+
+def test_readyz_turns_ready_after_the_first_poll_and_not_ready_when_stale(
+    agent: Agent, url: str, clock: Clock
+) -> None:
+    assert agent.poll_telemetry()
+    assert http_get(url + "/readyz")[0] == 200
+    clock.now += 29
+    assert http_get(url + "/readyz")[0] == 200
+    clock.now += 2  # 31 s > stale_after_seconds=30
+    status, body = http_get(url + "/readyz")
+    assert status == 503
+    assert b"31s old" in body
+
+
+def test_a_scrape_never_calls_the_backend(agent: Agent, url: str, backend: GuardedBackend) -> None:
+    agent.run_once()
+    backend.armed = True
+    status, body = http_get(url + "/metrics")
+    assert status == 200
+    assert b"gpudaemon_gpu_power_watts{" in body
+    assert backend.touched_while_armed == 0
+
+
+def test_openmetrics_when_the_scraper_asks_for_it(agent: Agent, url: str) -> None:
+    agent.run_once()
+    status, body = http_get(url + "/metrics", headers={"Accept": "application/openmetrics-text"})
+    assert status == 200
+    assert body.endswith(b"# EOF\n")
+    # OpenMetrics names the counter family without _total; the text format does not.
+    assert b"# TYPE gpudaemon_gpu_energy_joules counter" in body
+    plain = http_get(url + "/metrics")[1]
+    assert b"# EOF" not in plain
+
+
+def test_gzip_when_the_scraper_accepts_it(agent: Agent, url: str) -> None:
+    agent.run_once()
+    _, raw = http_get(url + "/metrics", headers={"Accept-Encoding": "gzip"})
+    assert raw[:2] == b"\x1f\x8b"
+    assert b"gpudaemon_gpu_healthy{" in gzip.decompress(raw)
+
+
+def test_poll_duration_is_a_histogram_per_job(agent: Agent) -> None:
+    agent.run_once()
+    agent.poll_telemetry()
+    reg = agent.registry
+    get = reg.get_sample_value
+    assert get("gpudaemon_poll_duration_seconds_count", {"job": "telemetry"}) == 2
+    assert get("gpudaemon_poll_duration_seconds_count", {"job": "inventory"}) == 1
+    assert get("gpudaemon_poll_duration_seconds_bucket", {"job": "telemetry", "le": "+Inf"}) == 2
+
+
+def test_a_failed_poll_is_counted_and_keeps_the_last_good_readings(
+    agent: Agent, backend: GuardedBackend
+) -> None:
+    agent.run_once()
+    backend.fail_sample = True
+    assert not agent.poll_telemetry()
+    get = agent.registry.get_sample_value
+    assert get("gpudaemon_poll_errors_total", {"job": "telemetry"}) == 1
+    assert get("gpudaemon_poll_errors_total", {"job": "inventory"}) == 0
+    labels = {"gpu": "0", "node": "node-a", "pod": "", "namespace": "", "container": ""}
+    labels |= {"uuid": agent.cache.get().samples[0].uuid, "model": "NVIDIA H100 80GB HBM3"}
+    assert get("gpudaemon_gpu_healthy", labels) == 1
+
+
+def test_build_info_names_version_and_backend(agent: Agent) -> None:
+    from gpudaemon import __version__
+
+    labels = {"version": __version__, "backend": "simulated"}
+    assert agent.registry.get_sample_value("gpudaemon_build_info", labels) == 1
