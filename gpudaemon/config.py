@@ -96,6 +96,9 @@ class InfluxConfig(_Section):
     # 256 MiB holds about a week of 8-GPU history at 10 s resolution.
     spool_max_bytes: Annotated[int, Field(gt=0)] = 268_435_456
     timeout_ms: Annotated[int, Field(gt=0)] = 5_000
+    # On SIGTERM, replay the spool for at most this long (plus one timeout_ms): well
+    # inside Kubernetes' default 30 s grace period; the rest stays on disk.
+    shutdown_flush_seconds: Annotated[float, Field(ge=0)] = 10.0
 
 
 class KubernetesConfig(_Section):

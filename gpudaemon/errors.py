@@ -36,3 +36,20 @@ class GpuLostError(BackendError):
 
 class SinkError(GpudaemonError):
     """A label/annotation output could not be written."""
+
+
+class HistoryError(GpudaemonError):
+    """InfluxDB history could not be written or spooled."""
+
+
+class InfluxWriteError(HistoryError):
+    """One write to InfluxDB failed; `kind` is the metric label (unauthorized,
+    unreachable, timeout, rejected, server)."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+
+
+class SpoolError(HistoryError):
+    """The on-disk spool could not be opened, written or read."""

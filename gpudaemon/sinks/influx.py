@@ -1,0 +1,401 @@
+"""InfluxDB history: one point per GPU per telemetry reading, written synchronously
+through the v2 write API, with a durable on-disk spool for outages.
+
+Only this module imports influxdb_client; its exceptions become InfluxWriteError
+with a `kind` that is also the metric label. influxdb-client's own batching and
+retry buffer live in memory, so we write synchronously and keep what failed in a
+`Spool` instead: replayed oldest first, before new points, a bounded amount per
+cycle. Timestamps are the reading's sample time, so a replay overwrites rather
+than duplicates.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import typing
+from collections.abc import Callable
+from typing import Literal, Protocol
+
+import urllib3.exceptions
+from influxdb_client.client.influxdb_client import InfluxDBClient
+from influxdb_client.client.write_api import SYNCHRONOUS
+from influxdb_client.rest import ApiException
+from loguru import logger
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gpudaemon.config import Config
+from gpudaemon.errors import ConfigError, InfluxWriteError, SpoolError
+from gpudaemon.metrics.catalogue import GPU_METRICS, HEALTHY, XID_ERRORS
+from gpudaemon.model import GpuSample, Snapshot
+from gpudaemon.sinks.spool import Spool
+
+MEASUREMENT = "gpu"
+DEFAULT_SPOOL_DIR = "/var/lib/gpudaemon/spool"
+ERROR_KINDS = ("unauthorized", "not_found", "rejected", "server", "timeout", "unreachable", "spool")
+DROP_REASONS = ("overflow", "rejected", "spool_error")
+# One 10 s cycle of 8 GPUs is ~4 KiB; 4 MiB per cycle drains a day-long outage of
+# one node in about two minutes without one cycle taking long.
+REPLAY_BYTES_PER_CYCLE = 4 << 20
+# During an outage, repeat the same failure in the log at most this often.
+LOG_REPEAT_SECONDS = 300.0
+
+_INT_FIELDS = frozenset(
+    name for name, hint in typing.get_type_hints(GpuSample).items() if "int" in str(hint)
+)
+
+
+class Transport(Protocol):
+    """Sends one body of line protocol (ms precision); raises InfluxWriteError."""
+
+    def write(self, body: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ClientTransport:
+    """influxdb-client's synchronous write API, with its errors classified."""
+
+    def __init__(self, url: str, token: str, org: str, bucket: str, timeout_ms: int) -> None:
+        self.bucket = bucket
+        self.org = org
+        # retries=False: a retry would block the history job past timeout_ms; the
+        # spool is our retry.
+        self._client = InfluxDBClient(
+            url=url, token=token, org=org, timeout=timeout_ms, retries=False
+        )
+        self._api = self._client.write_api(write_options=SYNCHRONOUS)
+
+    def write(self, body: bytes) -> None:
+        try:
+            self._api.write(
+                bucket=self.bucket,
+                org=self.org,
+                record=body,
+                write_precision="ms",  # type: ignore[arg-type]
+            )
+        except ApiException as e:
+            raise _http_error(e.status, e.reason, getattr(e, "message", "")) from None
+        except Exception as e:
+            raise _transport_error(e) from None
+
+    def close(self) -> None:
+        self._client.close()  # type: ignore[no-untyped-call]
+
+
+def _http_error(status: int | None, reason: str | None, message: object) -> InfluxWriteError:
+    if status in (401, 403):
+        kind = "unauthorized"
+    elif status == 404:
+        kind = "not_found"  # InfluxDB 1.x: database not found; 2.x: bucket not found
+    elif status is not None and 400 <= status < 500 and status != 429:
+        kind = "rejected"
+    else:
+        kind = "server"
+    detail = " ".join(str(message or "").split())[:200]
+    return InfluxWriteError(kind, f"HTTP {status} {reason or ''}".rstrip() + f": {detail}")
+
+
+def _transport_error(e: Exception) -> InfluxWriteError:
+    cause: BaseException = e
+    if isinstance(e, urllib3.exceptions.MaxRetryError) and e.reason is not None:
+        cause = e.reason
+    # NewConnectionError subclasses ConnectTimeoutError for history's sake: test it first.
+    if isinstance(cause, urllib3.exceptions.NewConnectionError | ConnectionError):
+        return InfluxWriteError("unreachable", f"cannot connect: {cause}")
+    if isinstance(cause, TimeoutError | urllib3.exceptions.TimeoutError):
+        return InfluxWriteError("timeout", f"timed out: {cause}")
+    if isinstance(cause, OSError | urllib3.exceptions.HTTPError):
+        return InfluxWriteError("unreachable", f"{type(cause).__name__}: {cause}")
+    return InfluxWriteError("server", f"{type(cause).__name__}: {cause}")
+
+
+class InfluxMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.points_written = Counter(
+            "gpudaemon_influxdb_points_written",
+            "Points InfluxDB accepted (new and replayed from the spool).",
+            registry=registry,
+        )
+        self.points_spooled = Gauge(
+            "gpudaemon_influxdb_points_spooled",
+            "Points waiting in the on-disk spool for InfluxDB to come back.",
+            registry=registry,
+        )
+        self.spool_bytes = Gauge(
+            "gpudaemon_influxdb_spool_bytes",
+            "Size of the on-disk spool.",
+            registry=registry,
+        )
+        self.points_dropped = Counter(
+            "gpudaemon_influxdb_points_dropped",
+            "Points given up on, by reason (overflow: spool bound, oldest first; "
+            "rejected: InfluxDB refused them; spool_error: the spool could not be written).",
+            ["reason"],
+            registry=registry,
+        )
+        self.write_errors = Counter(
+            "gpudaemon_influxdb_write_errors",
+            "Failed write requests to InfluxDB, by kind.",
+            ["kind"],
+            registry=registry,
+        )
+        self.last_success_timestamp_seconds = Gauge(
+            "gpudaemon_influxdb_last_success_timestamp_seconds",
+            "UNIX time of the last write InfluxDB accepted.",
+            registry=registry,
+        )
+        for kind in ERROR_KINDS:
+            self.write_errors.labels(kind)
+        for reason in DROP_REASONS:
+            self.points_dropped.labels(reason)
+
+
+def _escape(s: str, specials: str) -> str:
+    s = s.replace("\\", "\\\\").replace("\n", " ")
+    for c in specials:
+        s = s.replace(c, "\\" + c)
+    return s
+
+
+def _field_value(v: int | float) -> str | None:
+    if isinstance(v, int):
+        return f"{v}i"
+    return repr(v) if math.isfinite(v) else None  # line protocol has no NaN/Inf
+
+
+def encode_line(
+    measurement: str, tags: dict[str, str], fields: dict[str, int | float], ts_ms: int
+) -> str:
+    """One point of line protocol. Written here rather than via influxdb_client.Point,
+    which is untyped and would hide int/float mix-ups that InfluxDB rejects as a
+    field type conflict."""
+    tag_part = "".join(
+        f",{_escape(k, ',= ')}={_escape(v, ',= ')}" for k, v in sorted(tags.items()) if v
+    )
+    field_part = ",".join(
+        f"{_escape(k, ',= ')}={fv}"
+        for k, v in fields.items()
+        if (fv := _field_value(v)) is not None
+    )
+    return f"{_escape(measurement, ', ')}{tag_part} {field_part} {ts_ms}"
+
+
+def lines_for(snap: Snapshot, node: str) -> list[str]:
+    """Line protocol for one snapshot: one point per GPU, fields from the catalogue.
+    Unsupported readings are left out, never written as 0."""
+    inv = snap.inventory
+    if inv is None or not snap.samples or not snap.samples_at:
+        return []
+    models = {g.index: g.name for g in inv.gpus}
+    ts_ms = round(snap.samples_at * 1000)
+    out = []
+    for s in snap.samples:
+        tags = {
+            "node": node,
+            "gpu": str(s.index),
+            "uuid": s.uuid,
+            "model": models.get(s.index, "unknown"),
+        }
+        fields: dict[str, int | float] = {}
+        for m in GPU_METRICS:
+            v = getattr(s, m.field)
+            if v is not None:
+                fields[m.influx_field] = int(v) if m.field in _INT_FIELDS else float(v)
+        fields[HEALTHY.influx_field] = 1 if s.healthy else 0
+        if s.ecc_corrected_errors_total is not None:
+            fields["ecc_corrected_errors_total"] = int(s.ecc_corrected_errors_total)
+        if s.ecc_uncorrected_errors_total is not None:
+            fields["ecc_uncorrected_errors_total"] = int(s.ecc_uncorrected_errors_total)
+        # An empty map is a real count (no XIDs seen), not an unsupported reading.
+        fields[XID_ERRORS.influx_field] = int(sum(s.xid_errors_total.values()))
+        out.append(encode_line(MEASUREMENT, tags, fields, ts_ms))
+    return out
+
+
+class InfluxWriter:
+    """The history sink: `write(snapshot)` on the history schedule, `close()` at exit."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        registry: CollectorRegistry,
+        transport: Transport | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        replay_bytes_per_cycle: int = REPLAY_BYTES_PER_CYCLE,
+    ) -> None:
+        ic = cfg.influxdb
+        if not ic.bucket:
+            raise ConfigError("influxdb.bucket is required when influxdb.url is set")
+        self.url = ic.url
+        self.node = cfg.node_name
+        self.shutdown_flush_seconds = ic.shutdown_flush_seconds
+        self.replay_bytes_per_cycle = replay_bytes_per_cycle
+        self.metrics = InfluxMetrics(registry)
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._last_key: tuple[int, float] | None = None
+        self._failing: str | None = None  # error kind while InfluxDB is failing
+        self._last_log = -LOG_REPEAT_SECONDS
+        self.transport: Transport = transport or ClientTransport(
+            ic.url, cfg.influx_token(), ic.org, ic.bucket, ic.timeout_ms
+        )
+        spool_dir = ic.spool_dir or DEFAULT_SPOOL_DIR
+        self.spool: Spool | None = None
+        try:
+            self.spool = Spool(spool_dir, ic.spool_max_bytes)
+        except SpoolError as e:
+            logger.error(
+                "InfluxDB spool unavailable, points InfluxDB cannot take now will be lost: {}", e
+            )
+        if self.spool is not None and self.spool.points:
+            logger.info(
+                "InfluxDB spool {} holds {} points from an earlier run; replaying them first",
+                spool_dir,
+                self.spool.points,
+            )
+        self._update_gauges()
+        logger.info(
+            "InfluxDB history: {} bucket={} spool={} (max {} bytes)",
+            ic.url,
+            ic.bucket,
+            spool_dir,
+            ic.spool_max_bytes,
+        )
+
+    # -- the history job ---------------------------------------------------------
+
+    def write(self, snap: Snapshot) -> None:
+        """Write the snapshot's points (once per reading), after any spooled ones."""
+        with self._lock:
+            key = (snap.sample_seq, snap.samples_at)
+            lines = [] if key == self._last_key else lines_for(snap, self.node)
+            if lines:
+                self._last_key = key
+            state = self._replay(self.replay_bytes_per_cycle)
+            if lines:
+                if state == "empty":
+                    self._send_new(lines)
+                else:
+                    self._spool(lines)  # keep the order: older points are still waiting
+            self._update_gauges()
+
+    def _send_new(self, lines: list[str]) -> None:
+        try:
+            self._send("".join(line + "\n" for line in lines).encode(), len(lines))
+        except InfluxWriteError as e:
+            if e.kind == "rejected":
+                self._drop("rejected", len(lines), f"InfluxDB rejected {len(lines)} points: {e}")
+            else:
+                self._spool(lines)
+
+    def _replay(self, budget_bytes: int) -> Literal["empty", "more", "failed"]:
+        """Send spooled segments oldest first, stopping at the first failure or when
+        the budget is spent."""
+        if self.spool is None:
+            return "empty"
+        sent = 0
+        try:
+            while (seg := self.spool.oldest()) is not None and sent < budget_bytes:
+                body = self.spool.read(seg)
+                try:
+                    self._send(body, seg.points)
+                except InfluxWriteError as e:
+                    if e.kind != "rejected":
+                        return "failed"
+                    # Replaying a refused batch again cannot succeed; don't let it block.
+                    self._drop(
+                        "rejected",
+                        seg.points,
+                        f"InfluxDB rejected {seg.points} spooled points: {e}",
+                    )
+                self.spool.remove(seg)
+                sent += len(body)
+                if self.spool.oldest() is None:
+                    logger.info("InfluxDB spool drained: every spooled point is written")
+        except SpoolError as e:
+            self.metrics.write_errors.labels("spool").inc()
+            logger.error("InfluxDB spool: {}", e)
+            return "failed"
+        return "empty" if self.spool.oldest() is None else "more"
+
+    def _send(self, body: bytes, points: int) -> None:
+        try:
+            self.transport.write(body)
+        except InfluxWriteError as e:
+            self.metrics.write_errors.labels(e.kind).inc()
+            self._log_failure(e)
+            raise
+        self.metrics.points_written.inc(points)
+        self.metrics.last_success_timestamp_seconds.set_to_current_time()
+        if self._failing is not None:
+            logger.info(
+                "InfluxDB {} accepts writes again; {} points spooled",
+                self.url,
+                self.spool.points if self.spool else 0,
+            )
+            self._failing = None
+
+    def _spool(self, lines: list[str]) -> None:
+        if self.spool is None:
+            self._drop("spool_error", len(lines), f"no spool: lost {len(lines)} points")
+            return
+        try:
+            dropped = self.spool.append(lines)
+        except SpoolError as e:
+            self.metrics.write_errors.labels("spool").inc()
+            self._drop("spool_error", len(lines), f"cannot spool {len(lines)} points: {e}")
+            return
+        if dropped:
+            self._drop(
+                "overflow",
+                dropped,
+                f"InfluxDB spool over its bound of {self.spool.max_bytes} bytes: "
+                f"dropped the {dropped} oldest points",
+            )
+
+    def _drop(self, reason: str, points: int, message: str) -> None:
+        self.metrics.points_dropped.labels(reason).inc(points)
+        logger.warning("{}", message)
+
+    def _log_failure(self, e: InfluxWriteError) -> None:
+        now = self._monotonic()
+        if e.kind != self._failing or now - self._last_log >= LOG_REPEAT_SECONDS:
+            logger.error(
+                "InfluxDB write to {} failed ({}): {}; keeping points in the spool ({} now)",
+                self.url,
+                e.kind,
+                e,
+                self.spool.points if self.spool else 0,
+            )
+            self._last_log = now
+        self._failing = e.kind
+
+    def _update_gauges(self) -> None:
+        self.metrics.points_spooled.set(self.spool.points if self.spool else 0)
+        self.metrics.spool_bytes.set(self.spool.size_bytes if self.spool else 0)
+
+    # -- shutdown ----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Drain the spool for at most shutdown_flush_seconds (plus one request's
+        timeout); whatever is left stays on disk for the next start."""
+        with self._lock:
+            deadline = self._monotonic() + self.shutdown_flush_seconds
+            while self._monotonic() < deadline:
+                if self._replay(self.replay_bytes_per_cycle) != "more":
+                    break
+            self._update_gauges()
+            if self.spool is not None and self.spool.points:
+                logger.warning(
+                    "stopping with {} points in the InfluxDB spool; they are written after "
+                    "the next start",
+                    self.spool.points,
+                )
+            try:
+                self.transport.close()
+            except Exception as e:
+                logger.error("closing the InfluxDB client: {}", type(e).__name__)
+            if self.spool is not None:
+                self.spool.close()

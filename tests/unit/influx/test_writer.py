@@ -1,0 +1,272 @@
+"""InfluxWriter against a fake transport: point shape, once-per-reading, spooling,
+replay order, drops, metrics and the shutdown drain. The real server is in
+tests/integration/influx."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpudaemon.backends.simulated import SimulatedBackend, load_profile
+from gpudaemon.cache import Cache
+from gpudaemon.config import Config, load_config
+from gpudaemon.errors import ConfigError, InfluxWriteError
+from gpudaemon.metrics.catalogue import GPU_METRICS
+from gpudaemon.model import GpuSample, Snapshot
+from gpudaemon.sinks.influx import ClientTransport, InfluxWriter, encode_line, lines_for
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.fail: str | None = None  # an error kind to raise
+        self.closed = False
+
+    def write(self, body: bytes) -> None:
+        if self.fail:
+            raise InfluxWriteError(self.fail, f"fake {self.fail}")
+        self.bodies.append(body)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def timestamps(self) -> list[int]:
+        return [int(line.rsplit(b" ", 1)[1]) for b in self.bodies for line in b.splitlines()]
+
+
+class Clock:
+    def __init__(self, t: float = 1_700_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def cfg(tmp_path: Path, **influx: object) -> Config:
+    return load_config(
+        environ={},
+        overrides={
+            "node_name": "node-a",
+            "influxdb": {
+                "url": "http://127.0.0.1:1",
+                "bucket": "gpus/autogen",
+                "spool_dir": str(tmp_path / "spool"),
+                **influx,
+            },
+        },
+    )
+
+
+class Rig:
+    """Simulated dgx-h100 -> cache (injected clock) -> writer (fake transport)."""
+
+    def __init__(self, tmp_path: Path, **influx: object) -> None:
+        self.clock = Clock()
+        self.backend = SimulatedBackend(load_profile("dgx-h100"), seed=1, clock=self.clock)
+        self.cache = Cache(self.clock)
+        self.cache.put_inventory(self.backend.inventory())
+        self.registry = CollectorRegistry()
+        self.transport = FakeTransport()
+        self.cfg = cfg(tmp_path, **influx)
+        self.writer = self.new_writer()
+
+    def new_writer(self) -> InfluxWriter:
+        return InfluxWriter(self.cfg, self.registry, transport=self.transport)
+
+    def cycle(self) -> Snapshot:
+        self.clock.t += 10
+        snap = self.cache.put_samples(self.backend.sample())
+        self.writer.write(snap)
+        return snap
+
+    def metric(self, name: str, **labels: str) -> float:
+        v = self.registry.get_sample_value(name, labels)
+        assert v is not None, name
+        return v
+
+
+def test_one_point_per_gpu_with_tags_fields_and_the_sample_time(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    snap = rig.cycle()
+    lines = rig.transport.bodies[0].decode().splitlines()
+    assert len(lines) == 8
+    head, fields, ts = re.split(r"(?<!\\) ", lines[3])
+    assert head.startswith("gpu,gpu=3,model=NVIDIA\\ H100\\ 80GB\\ HBM3,node=node-a,uuid=GPU-")
+    assert int(ts) == round(snap.samples_at * 1000)
+    names = {f.split("=")[0] for f in fields.split(",")}
+    assert {m.influx_field for m in GPU_METRICS} <= names
+    assert {"healthy", "xid_errors_total"} <= names
+    assert "memory_used_bytes=" in fields and fields.split("memory_used_bytes=")[1][0].isdigit()
+
+
+def test_absent_readings_are_left_out_not_written_as_zero(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    inv = rig.backend.inventory()
+    s = GpuSample(index=0, uuid=inv.gpus[0].uuid, power_watts=None, temperature_celsius=41.0)
+    snap = Snapshot(inventory=inv, samples=(s,), samples_at=100.0, sample_seq=1)
+    (line,) = lines_for(snap, "n")
+    assert "power_watts" not in line
+    assert "temperature_celsius=41.0" in line
+    assert "ecc_corrected_errors_total" not in line
+
+
+def test_integer_and_float_fields_keep_their_type(tmp_path: Path) -> None:
+    # InfluxDB rejects a field that flips between int and float (field type conflict).
+    inv = Rig(tmp_path).backend.inventory()
+    s = GpuSample(index=0, uuid="u", temperature_celsius=41, memory_used_bytes=5, process_count=2)  # type: ignore[arg-type]
+    (line,) = lines_for(Snapshot(inventory=inv, samples=(s,), samples_at=1.0, sample_seq=1), "n")
+    assert "temperature_celsius=41.0" in line
+    assert "memory_used_bytes=5i" in line
+    assert "processes=2i" in line
+
+
+def test_line_protocol_escaping_and_non_finite_values() -> None:
+    line = encode_line("gpu", {"node": "a b,c=d", "empty": ""}, {"x": 1, "y": float("nan")}, 5)
+    assert line == "gpu,node=a\\ b\\,c\\=d x=1i 5"
+
+
+def test_a_reading_is_written_once_however_often_the_job_runs(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    snap = rig.cycle()
+    rig.writer.write(snap)
+    rig.writer.write(snap)
+    assert len(rig.transport.bodies) == 1
+    assert rig.metric("gpudaemon_influxdb_points_written_total") == 8
+
+
+def test_outage_spools_then_replays_oldest_first_before_new_points(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.cycle()
+    rig.transport.fail = "unreachable"
+    for _ in range(5):
+        rig.cycle()
+    assert rig.metric("gpudaemon_influxdb_points_spooled") == 40
+    assert rig.metric("gpudaemon_influxdb_write_errors_total", kind="unreachable") == 5
+    rig.transport.fail = None
+    rig.cycle()
+    ts = rig.transport.timestamps()
+    assert len(ts) == 7 * 8
+    assert ts == sorted(ts)  # replayed in order, new points last
+    assert len(set(ts)) == 7
+    assert rig.metric("gpudaemon_influxdb_points_spooled") == 0
+    assert rig.metric("gpudaemon_influxdb_points_written_total") == 56
+
+
+def test_spool_survives_a_writer_restart(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.transport.fail = "timeout"
+    rig.cycle()
+    rig.cycle()
+    rig.writer.close()
+    rig.registry = CollectorRegistry()
+    rig.transport = FakeTransport()
+    rig.writer = rig.new_writer()
+    assert rig.metric("gpudaemon_influxdb_points_spooled") == 16
+    rig.cycle()
+    assert len(rig.transport.timestamps()) == 24
+    assert rig.transport.timestamps() == sorted(rig.transport.timestamps())
+
+
+def test_overflow_drops_oldest_and_counts_them(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, spool_max_bytes=12_000)
+    rig.transport.fail = "server"
+    sent = [rig.cycle().samples_at for _ in range(20)]
+    dropped = rig.metric("gpudaemon_influxdb_points_dropped_total", reason="overflow")
+    spooled = rig.metric("gpudaemon_influxdb_points_spooled")
+    assert dropped > 0
+    assert dropped + spooled == 160
+    rig.transport.fail = None
+    rig.writer.close()  # drains
+    got = sorted(set(rig.transport.timestamps()))
+    assert got == [round(t * 1000) for t in sent[-len(got) :]]  # the newest survived
+    assert len(rig.transport.timestamps()) == spooled
+
+
+def test_rejected_points_are_dropped_not_spooled(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.transport.fail = "rejected"
+    rig.cycle()
+    assert rig.metric("gpudaemon_influxdb_points_dropped_total", reason="rejected") == 8
+    assert rig.metric("gpudaemon_influxdb_points_spooled") == 0
+
+
+def test_replay_is_bounded_per_cycle(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.writer.replay_bytes_per_cycle = 1  # one segment per cycle
+    rig.writer.spool.segment_bytes = 1  # type: ignore[union-attr]
+    rig.transport.fail = "unreachable"
+    for _ in range(4):
+        rig.cycle()
+    rig.transport.fail = None
+    rig.cycle()  # replays one segment; the new point waits behind the rest
+    assert len(rig.transport.bodies) == 1
+    assert rig.metric("gpudaemon_influxdb_points_spooled") == 32
+    ts_before = rig.transport.timestamps()
+    rig.writer.close()
+    ts = ts_before + rig.transport.timestamps()[len(ts_before) :]
+    assert ts == sorted(ts) and len(ts) == 40
+
+
+def test_close_drains_the_spool_and_closes_the_client(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.transport.fail = "unreachable"
+    rig.cycle()
+    rig.transport.fail = None
+    rig.writer.close()
+    assert len(rig.transport.timestamps()) == 8
+    assert rig.transport.closed
+
+
+def test_close_with_influxdb_down_keeps_the_spool(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.transport.fail = "unreachable"
+    rig.cycle()
+    rig.writer.close()
+    assert len(list((tmp_path / "spool").glob("seg-*.lp"))) == 1
+
+
+def test_unusable_spool_dir_is_logged_and_points_counted_as_dropped(tmp_path: Path) -> None:
+    (tmp_path / "spool").write_text("a file, not a directory")
+    rig = Rig(tmp_path)
+    rig.transport.fail = "unreachable"
+    rig.cycle()
+    assert rig.metric("gpudaemon_influxdb_points_dropped_total", reason="spool_error") == 8
+
+
+def test_bucket_is_required(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="bucket"):
+        InfluxWriter(cfg(tmp_path, bucket=""), CollectorRegistry(), transport=FakeTransport())
+
+
+# -- the real client against sockets that misbehave ------------------------------
+
+
+def test_refused_connection_is_unreachable() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens
+    t = ClientTransport(f"http://127.0.0.1:{port}", "tok", "", "db", timeout_ms=1000)
+    with pytest.raises(InfluxWriteError) as e:
+        t.write(b"gpu x=1i 1\n")
+    assert e.value.kind == "unreachable"
+    t.close()
+
+
+def test_silent_server_times_out_within_timeout_ms() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)  # the kernel accepts; nobody ever answers
+        port = s.getsockname()[1]
+        t = ClientTransport(f"http://127.0.0.1:{port}", "tok", "", "db", timeout_ms=300)
+        start = time.monotonic()
+        with pytest.raises(InfluxWriteError) as e:
+            t.write(b"gpu x=1i 1\n")
+        elapsed = time.monotonic() - start
+        t.close()
+    assert e.value.kind == "timeout"
+    assert elapsed < 5  # bounded by timeout_ms, not hanging
