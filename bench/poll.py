@@ -1,0 +1,181 @@
+"""bench/poll: the agent's own cost per GPU per cycle, apart from time inside the backend.
+
+For 1, 8 and 64 simulated GPUs it runs the real jobs (telemetry poll into the cache,
+label reconcile, a Prometheus scrape) and subtracts the time spent inside the
+backend's calls, which on real hardware is time inside NVML. With a real GPU it also
+times a full NVML sample and `nvidia-smi --query-gpu=... --format=csv` side by side.
+
+Usage: .venv/bin/python bench/poll.py [--cycles N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
+
+from gpudaemon.app import Agent  # noqa: E402
+from gpudaemon.backends.simulated import SimulatedBackend, parse_profile  # noqa: E402
+from gpudaemon.config import load_config  # noqa: E402
+from gpudaemon.labels import LabelSet  # noqa: E402
+from gpudaemon.model import GpuSample, NodeInventory  # noqa: E402
+
+TARGET_MS = 0.3
+SMI_FIELDS = (
+    "index,uuid,name,utilization.gpu,utilization.memory,memory.used,memory.free,memory.total,"
+    "temperature.gpu,power.draw,clocks.sm,clocks.mem,ecc.errors.corrected.volatile.total,"
+    "ecc.errors.uncorrected.volatile.total"
+)
+
+
+class TimedBackend:
+    """Wraps a backend and adds up the seconds spent inside it."""
+
+    def __init__(self, inner: SimulatedBackend) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.inside_s = 0.0
+
+    def inventory(self) -> NodeInventory:
+        t = time.perf_counter()
+        try:
+            return self.inner.inventory()
+        finally:
+            self.inside_s += time.perf_counter() - t
+
+    def sample(self) -> tuple[GpuSample, ...]:
+        t = time.perf_counter()
+        try:
+            return self.inner.sample()
+        finally:
+            self.inside_s += time.perf_counter() - t
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class NullSink:
+    name = "null"
+
+    def apply(self, ls: LabelSet) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def profile(n: int) -> str:
+    return (
+        "gpus: [{name: NVIDIA H100 80GB HBM3, memory_total_mib: 81559,"
+        f" compute_capability: '9.0', count: {n}}}]"
+    )
+
+
+def measure(n: int, cycles: int) -> dict[str, float]:
+    backend = TimedBackend(SimulatedBackend(parse_profile(profile(n)), seed=1))
+    cfg = load_config(environ={}, overrides={"simulate": "dgx-h100", "node_name": "bench"})
+    reg = CollectorRegistry()
+    agent = Agent(cfg, backend=backend, registry=reg, label_sink=NullSink())  # type: ignore[arg-type]
+    agent.poll_inventory()
+    for _ in range(20):  # warm up
+        agent.poll_telemetry()
+        agent.reconcile_labels()
+        generate_latest(reg)
+    poll, inside, labels, scrape = [], [], [], []
+    for _ in range(cycles):
+        backend.inside_s = 0.0
+        t0 = time.perf_counter()
+        agent.poll_telemetry()
+        t1 = time.perf_counter()
+        agent.reconcile_labels()
+        t2 = time.perf_counter()
+        generate_latest(reg)
+        t3 = time.perf_counter()
+        poll.append(t1 - t0)
+        inside.append(backend.inside_s)
+        labels.append(t2 - t1)
+        scrape.append(t3 - t2)
+    ms = 1000.0 / n
+
+    def med(xs: list[float]) -> float:
+        return statistics.median(xs) * ms
+
+    overhead = [p - i for p, i in zip(poll, inside, strict=True)]
+    return {
+        "backend": med(inside),
+        "poll": med(overhead),
+        "labels": med(labels),
+        "scrape": med(scrape),
+        "total": med([o + lb for o, lb in zip(overhead, labels, strict=True)]),
+    }
+
+
+def real_gpu_rows(cycles: int) -> list[str]:
+    try:
+        from gpudaemon.backends.nvml import NvmlBackend
+
+        b = NvmlBackend(xid_events=False)
+        inv = b.inventory()
+    except Exception as e:  # noqa: BLE001 - any failure means "no usable GPU here"
+        return [f"real NVML: not measured ({e.__class__.__name__}: no usable NVIDIA GPU here)"]
+    n = len(inv.gpus)
+    for _ in range(5):
+        b.sample()
+    t = []
+    for _ in range(cycles):
+        t0 = time.perf_counter()
+        b.sample()
+        t.append(time.perf_counter() - t0)
+    b.close()
+    rows = [f"real NVML full sample: {statistics.median(t) * 1000 / n:.3f} ms per GPU ({n} GPUs, "
+            f"{inv.gpus[0].name}, driver {inv.driver_version})"]
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        s = []
+        for _ in range(min(cycles, 20)):
+            t0 = time.perf_counter()
+            subprocess.run([smi, f"--query-gpu={SMI_FIELDS}", "--format=csv"],
+                           capture_output=True, check=True)
+            s.append(time.perf_counter() - t0)
+        rows.append(f"nvidia-smi --query-gpu (what nvidia_gpu_exporter/Telegraf run): "
+                    f"{statistics.median(s) * 1000 / n:.3f} ms per GPU")
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cycles", type=int, default=300)
+    args = ap.parse_args()
+    print(f"bench/poll  {datetime.now(timezone.utc):%Y-%m-%d}  {platform.node()}  "
+          f"python {platform.python_version()}  cycles={args.cycles}  (medians, ms per GPU per cycle)")
+    print()
+    hdr = ("GPUs", "backend(sim)", "poll overhead", "label build", "agent total", "scrape render",
+           f"target <= {TARGET_MS}")
+    print("| " + " | ".join(hdr) + " |")
+    print("|" + "|".join("---:" for _ in hdr) + "|")
+    for n in (1, 8, 64):
+        r = measure(n, args.cycles if n < 64 else max(50, args.cycles // 4))
+        ok = "ok" if r["total"] <= TARGET_MS else "OVER"
+        print(f"| {n} | {r['backend']:.4f} | {r['poll']:.4f} | {r['labels']:.4f} | "
+              f"{r['total']:.4f} | {r['scrape']:.4f} | {ok} |")
+    print()
+    print("agent total = poll overhead (job wrapper, cache, metrics) + label build; the scrape is")
+    print("served on demand and reported apart. backend(sim) is time inside the simulated backend,")
+    print("the stand-in for time inside NVML.")
+    for row in real_gpu_rows(args.cycles):
+        print(row)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
