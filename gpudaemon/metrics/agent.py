@@ -15,26 +15,30 @@ _POLL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 
 
 class AgentMetrics:
-    """The agent's self-metrics, registered on the registry the app serves."""
+    """The agent's self-metrics, registered on the registry the app serves.
+
+    The scheduled job is the `task` label, not `job`: Prometheus owns `job` (the
+    scrape job) and would rename ours to `exported_job`.
+    """
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.poll_duration_seconds = Histogram(
             "gpudaemon_poll_duration_seconds",
             "Time one scheduled job took, by job.",
-            ["job"],
+            ["task"],
             registry=registry,
             buckets=_POLL_BUCKETS,
         )
         self.poll_errors = Counter(
             "gpudaemon_poll_errors",
             "Scheduled job runs that failed, by job.",
-            ["job"],
+            ["task"],
             registry=registry,
         )
         self.job_overruns = Counter(
             "gpudaemon_job_overruns",
             "Runs skipped because the previous run of the job was still going.",
-            ["job"],
+            ["task"],
             registry=registry,
         )
         self.node_writes = Counter(

@@ -161,9 +161,9 @@ def test_poll_duration_is_a_histogram_per_job(agent: Agent) -> None:
     agent.poll_telemetry()
     reg = agent.registry
     get = reg.get_sample_value
-    assert get("gpudaemon_poll_duration_seconds_count", {"job": "telemetry"}) == 2
-    assert get("gpudaemon_poll_duration_seconds_count", {"job": "inventory"}) == 1
-    assert get("gpudaemon_poll_duration_seconds_bucket", {"job": "telemetry", "le": "+Inf"}) == 2
+    assert get("gpudaemon_poll_duration_seconds_count", {"task": "telemetry"}) == 2
+    assert get("gpudaemon_poll_duration_seconds_count", {"task": "inventory"}) == 1
+    assert get("gpudaemon_poll_duration_seconds_bucket", {"task": "telemetry", "le": "+Inf"}) == 2
 
 
 def test_a_failed_poll_is_counted_and_keeps_the_last_good_readings(
@@ -173,8 +173,8 @@ def test_a_failed_poll_is_counted_and_keeps_the_last_good_readings(
     backend.fail_sample = True
     assert not agent.poll_telemetry()
     get = agent.registry.get_sample_value
-    assert get("gpudaemon_poll_errors_total", {"job": "telemetry"}) == 1
-    assert get("gpudaemon_poll_errors_total", {"job": "inventory"}) == 0
+    assert get("gpudaemon_poll_errors_total", {"task": "telemetry"}) == 1
+    assert get("gpudaemon_poll_errors_total", {"task": "inventory"}) == 0
     labels = {"gpu": "0", "node": "node-a", "pod": "", "namespace": "", "container": ""}
     labels |= {"uuid": agent.cache.get().samples[0].uuid, "model": "NVIDIA H100 80GB HBM3"}
     assert get("gpudaemon_gpu_healthy", labels) == 1
