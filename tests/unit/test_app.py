@@ -58,7 +58,7 @@ def test_run_once_goes_backend_cache_labels() -> None:
     assert agent.run(once=True) == 0
     assert sink.applied and sink.applied[-1].labels["gpudaemon.io/gpu.count"] == "8"
     assert sink.closed
-    assert reg.get_sample_value("gpudaemon_poll_duration_seconds_count", {"job": "telemetry"}) == 1
+    assert reg.get_sample_value("gpudaemon_poll_duration_seconds_count", {"task": "telemetry"}) == 1
     assert (
         reg.get_sample_value(
             "gpudaemon_gpu_utilization_ratio",
@@ -84,7 +84,7 @@ def test_a_failing_poll_keeps_the_last_good_data_and_is_counted() -> None:
     backend.fail = True
     assert not agent.poll_telemetry()
     assert agent.cache.get() is good
-    assert reg.get_sample_value("gpudaemon_poll_errors_total", {"job": "telemetry"}) == 1
+    assert reg.get_sample_value("gpudaemon_poll_errors_total", {"task": "telemetry"}) == 1
 
 
 def test_readiness_needs_a_fresh_reading() -> None:
