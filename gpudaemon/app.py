@@ -86,6 +86,9 @@ class Agent:
         self.cache = Cache(clock)
         self.labeler = NodeLabeler(cfg.labels.prefix)
         self.label_sink = label_sink or make_label_sink(cfg, self.metrics)
+        set_freshness = getattr(self.label_sink, "set_freshness", None)
+        if callable(set_freshness):  # the Lease heartbeat vouches only for fresh data
+            set_freshness(lambda: self.readiness()[0])
         self.history = (
             history_sink if history_sink is not None else make_history_sink(cfg, self.registry)
         )

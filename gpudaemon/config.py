@@ -108,6 +108,11 @@ class KubernetesConfig(_Section):
     lease_namespace: str = "gpudaemon"
     # Backoff cap after API errors: bounds recovery time without hammering a sick server.
     backoff_max_seconds: Annotated[float, Field(gt=0)] = 60.0
+    # Per-request read timeout: a hung API server must never hold a job for long.
+    request_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
+    # Re-read the Node this often to repair drift (someone removed our label);
+    # a read, not a write, so it costs the API server little.
+    resync_seconds: Annotated[float, Field(gt=0)] = 600.0
 
 
 class ExtenderConfig(_Section):

@@ -53,3 +53,31 @@ class InfluxWriteError(HistoryError):
 
 class SpoolError(HistoryError):
     """The on-disk spool could not be opened, written or read."""
+
+
+class APIError(SinkError):
+    """The Kubernetes API server refused or failed a request (kopf's naming)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class APIUnavailableError(APIError):
+    """No usable answer: connection refused, timeout, 429 or 5xx. Worth retrying."""
+
+
+class APIForbiddenError(APIError):
+    """401/403: the identity lacks the RBAC (or admission) to do this."""
+
+
+class APINotFoundError(APIError):
+    """404: e.g. the agent's own Node does not exist (it never creates one)."""
+
+
+class APIConflictError(APIError):
+    """409: a conflicting write."""
+
+
+class APIInvalidError(APIError):
+    """400/422: the server rejected the object (a bug, or an admission policy)."""

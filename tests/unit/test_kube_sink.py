@@ -1,0 +1,278 @@
+"""KubeSink logic against a fake client: write-on-change, drift repair, backoff, Lease.
+
+The real API server proves the wire behaviour (tests/integration/kube/); these pin the
+decisions (when to read, when to write, when to wait) with an injected clock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpudaemon.config import load_config
+from gpudaemon.errors import (
+    APIConflictError,
+    APIError,
+    APIForbiddenError,
+    APIInvalidError,
+    APINotFoundError,
+    APIUnavailableError,
+    SinkError,
+)
+from gpudaemon.labels import Labels, LabelSet
+from gpudaemon.metrics.agent import AgentMetrics
+from gpudaemon.sinks import kube
+from gpudaemon.sinks.kube import Backoff, KubeSink, in_sync, micro_time, renew_cron
+
+P = "gpudaemon.io/"
+
+
+class FakeClient:
+    """Holds one Node like the API server would, with SSA ownership for one manager."""
+
+    def __init__(self) -> None:
+        self.labels: dict[str, str] = {"team": "ml"}
+        self.annotations: dict[str, str] = {}
+        self.owned: tuple[set[str], set[str]] = (set(), set())
+        self.calls: list[str] = []
+        self.fail: APIError | None = None
+        self.leases: list[dict[str, Any]] = []
+
+    def _check(self, call: str) -> None:
+        self.calls.append(call)
+        if self.fail:
+            raise self.fail
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        self._check("get")
+        fields = {
+            "f:metadata": {
+                "f:labels": {f"f:{k}": {} for k in self.owned[0]},
+                "f:annotations": {f"f:{k}": {} for k in self.owned[1]},
+            }
+        }
+        mf = [{"manager": "gpudaemon", "operation": "Apply", "fieldsV1": fields}]
+        return {
+            "metadata": {
+                "name": name,
+                "uid": "u-1",
+                "labels": dict(self.labels),
+                "annotations": dict(self.annotations),
+                "managedFields": mf,
+            }
+        }
+
+    def apply_node(self, name: str, labels: dict[str, str], ann: dict[str, str]) -> Any:
+        self._check("apply")
+        for k in self.owned[0] - set(labels):
+            self.labels.pop(k, None)
+        for k in self.owned[1] - set(ann):
+            self.annotations.pop(k, None)
+        self.labels.update(labels)
+        self.annotations.update(ann)
+        self.owned = (set(labels), set(ann))
+        return {"metadata": {"uid": "u-1"}}
+
+    def apply_lease(self, ns: str, name: str, spec: Any, owner: Any = None) -> Any:
+        self._check("lease")
+        self.leases.append({"ns": ns, "name": name, "spec": spec, "owner": owner})
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(cap: float = 60.0, resync: float = 600.0) -> tuple[KubeSink, FakeClient, Clock, Any]:
+    cfg = load_config(
+        environ={},
+        overrides={
+            "node_name": "n1",
+            "kubernetes": {"backoff_max_seconds": cap, "resync_seconds": resync},
+        },
+    )
+    reg = CollectorRegistry()
+    fake, clock = FakeClient(), Clock()
+    sink = KubeSink(cfg, None, AgentMetrics(reg), client=fake, clock=clock, rng=lambda: 1.0)  # type: ignore[arg-type]
+    return sink, fake, clock, reg
+
+
+def ls(count: int = 8, **extra: object) -> LabelSet:
+    return LabelSet(Labels(P, {"gpu.count": count, **extra}), {P + "gpus": f"[{count}]"})
+
+
+def writes(reg: CollectorRegistry, result: str) -> float:
+    v = reg.get_sample_value("gpudaemon_node_writes_total", {"result": result})
+    return v or 0.0
+
+
+def test_first_apply_reads_then_writes_and_repeat_sends_nothing() -> None:
+    sink, fake, clock, reg = make()
+    assert sink.apply(ls()) is True
+    assert fake.calls == ["get", "apply"]
+    assert fake.labels == {"team": "ml", P + "gpu.count": "8"}
+    for _ in range(20):
+        clock.t += 30
+        assert sink.apply(ls()) is False
+    # 20 x 30 s reaches the 600 s resync: one read, no write.
+    assert fake.calls == ["get", "apply", "get"]
+    assert writes(reg, "success") == 1 and writes(reg, "unchanged") == 20
+    assert reg.get_sample_value("gpudaemon_last_reconcile_timestamp_seconds") == clock.t
+
+
+def test_restarted_agent_does_not_rewrite_a_node_that_is_already_right() -> None:
+    sink, fake, _, _ = make()
+    sink.apply(ls())
+    again, _, _, _ = make()
+    again.client = fake
+    fake.calls.clear()
+    assert again.apply(ls()) is False
+    assert fake.calls == ["get"]
+
+
+def test_a_changed_fact_is_written_and_a_dropped_key_removed() -> None:
+    sink, fake, clock, _ = make()
+    sink.apply(ls(**{"gpu.mixed": True}))
+    clock.t += 30
+    assert sink.apply(ls()) is True
+    assert fake.calls[-1] == "apply"
+    assert P + "gpu.mixed" not in fake.labels and fake.labels["team"] == "ml"
+
+
+def test_resync_repairs_drift_and_otherwise_only_reads() -> None:
+    sink, fake, clock, _ = make(resync=600)
+    sink.apply(ls())
+    clock.t += 601
+    assert sink.apply(ls()) is False
+    assert fake.calls[-1] == "get"
+    del fake.labels[P + "gpu.count"]  # someone removed our label
+    clock.t += 601
+    assert sink.apply(ls()) is True
+    assert fake.labels[P + "gpu.count"] == "8"
+
+
+@pytest.mark.parametrize(
+    "status,err",
+    [
+        (401, APIForbiddenError),
+        (403, APIForbiddenError),
+        (404, APINotFoundError),
+        (409, APIConflictError),
+        (422, APIInvalidError),
+        (429, APIUnavailableError),
+        (503, APIUnavailableError),
+    ],
+)
+def test_http_status_maps_to_our_error_with_the_servers_message(status: int, err: type) -> None:
+    e = kube._error_for(status, "PATCH", "/api/v1/nodes/n1", b'{"message": "nope"}')
+    assert type(e) is err and e.status == status and "nope" in str(e)
+
+
+def test_api_error_arms_backoff_and_retry_converges_after_recovery() -> None:
+    sink, fake, clock, reg = make(cap=8)
+    fake.fail = APIUnavailableError("connection refused")
+    delays = []
+    with pytest.raises(APIUnavailableError, match=r"retry in 1\.0s"):
+        sink.apply(ls())
+    for _ in range(6):  # retries come only when due, and the delay doubles to the cap
+        before = len(fake.calls)
+        clock.t += 0.5
+        sink.retry()
+        assert len(fake.calls) == before
+        delays.append(sink._retry_at - clock.t + 0.5)
+        clock.t = sink._retry_at
+        sink.retry()
+    assert delays == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    assert writes(reg, "error") == 7
+    fake.fail = None
+    clock.t = sink._retry_at
+    assert sink.retry() is True
+    assert fake.labels[P + "gpu.count"] == "8"
+    assert sink.backoff.failures == 0
+
+
+def test_apply_during_backoff_is_skipped_without_a_request() -> None:
+    sink, fake, clock, _ = make()
+    fake.fail = APIUnavailableError("down")
+    with pytest.raises(APIError):
+        sink.apply(ls())
+    n = len(fake.calls)
+    clock.t += 0.1
+    assert sink.apply(ls()) is False
+    assert len(fake.calls) == n
+
+
+def test_unsanitised_labels_are_refused() -> None:
+    sink, _, _, _ = make()
+    with pytest.raises(SinkError):
+        sink.apply(LabelSet({P + "x": "a b"}))  # type: ignore[arg-type]
+
+
+def test_backoff_jitter_stays_between_half_and_full_delay_under_the_cap() -> None:
+    for r in (0.0, 0.5, 0.999):
+        b = Backoff(1.0, 60.0, rng=lambda r=r: r)  # type: ignore[misc]
+        ds = [b.next_delay() for _ in range(12)]
+        full = [min(60.0, 2.0**i) for i in range(12)]
+        assert all(f / 2 <= d <= f for d, f in zip(ds, full, strict=True))
+
+
+def test_lease_is_renewed_only_when_labels_are_current_and_data_fresh() -> None:
+    sink, fake, clock, _ = make()
+    assert sink.heartbeat() is False  # nothing applied yet
+    sink.apply(ls())
+    fresh = [False]
+    sink.set_freshness(lambda: fresh[0])
+    assert sink.heartbeat() is False
+    fresh[0] = True
+    assert sink.heartbeat() is True
+    lease = fake.leases[-1]
+    assert lease["ns"] == "gpudaemon" and lease["name"] == "n1"
+    assert lease["spec"]["leaseDurationSeconds"] == 40
+    assert lease["spec"]["renewTime"] == micro_time(clock.t)
+    assert lease["owner"]["uid"] == "u-1"
+    fake.fail = APIUnavailableError("down")
+    assert sink.heartbeat() is False
+
+
+def test_in_sync_requires_our_ownership_of_exactly_the_desired_keys() -> None:
+    node = {
+        "metadata": {
+            "labels": {P + "a": "1", P + "b": "2"},
+            "annotations": {},
+            "managedFields": [
+                {
+                    "manager": "gpudaemon",
+                    "operation": "Apply",
+                    "fieldsV1": {"f:metadata": {"f:labels": {f"f:{P}a": {}, f"f:{P}b": {}}}},
+                }
+            ],
+        }
+    }
+    assert in_sync(node, {"labels": {P + "a": "1", P + "b": "2"}, "annotations": {}})
+    assert not in_sync(node, {"labels": {P + "a": "1"}, "annotations": {}})  # b must go
+    assert not in_sync(node, {"labels": {P + "a": "1", P + "b": "3"}, "annotations": {}})
+
+
+@pytest.mark.parametrize(
+    "duration,cron", [(40, "*/10 * * * * *"), (10, "*/2 * * * * *"), (400, "0 */1 * * * *")]
+)
+def test_lease_renews_every_quarter_duration(duration: int, cron: str) -> None:
+    assert renew_cron(duration) == cron
+
+
+def test_bad_kubeconfig_is_one_config_error(tmp_path: Any) -> None:
+    from gpudaemon.errors import ConfigError
+
+    bad = tmp_path / "kc"
+    bad.write_text("not: [a kubeconfig")
+    with pytest.raises(ConfigError, match="kubeconfig"):
+        kube.KubeClient.from_credentials(kube.Credentials(False, str(bad)))
