@@ -106,7 +106,7 @@ class Agent:
 
     # -- jobs --------------------------------------------------------------------
 
-    def _timed(self, job: str, fn: Callable[[], None]) -> bool:
+    def _timed(self, job: str, fn: Callable[[], object]) -> bool:
         """Run one job; a failure keeps the last good data, is counted and logged."""
         start = time.perf_counter()
         try:

@@ -147,7 +147,7 @@ class Config(_Section):
     influxdb: InfluxConfig = InfluxConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
     extender: ExtenderConfig = ExtenderConfig()
-    logging: LoggingConfig = LoggingConfig()
+    logging: LoggingConfig = LoggingConfig.model_validate({})
 
     @model_validator(mode="after")
     def _defaults(self) -> Config:

@@ -11,7 +11,7 @@ import contextlib
 import threading
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from loguru import logger
 
@@ -35,7 +35,7 @@ def _import_pynvml() -> ModuleType:
         import pynvml
     except ImportError as e:  # pragma: no cover - nvidia-ml-py is a hard dependency
         raise NvmlUnavailableError(f"cannot import pynvml (install nvidia-ml-py): {e}") from None
-    return pynvml
+    return cast(ModuleType, pynvml)
 
 
 class NvmlBackend:
