@@ -15,7 +15,7 @@ from gpudaemon.cache import Cache
 from gpudaemon.metrics.collector import GpuCollector, PodRef
 from gpudaemon.podresources import PodAttribution, PodResourcesError, list_pod_resources
 from gpudaemon.podresources.client import device_map
-from tests.integration.podresources.conftest import KubeletServer, pod
+from tests.integration.podresources.fake_kubelet import KubeletServer, pod
 from tests.support import free_port, http_get, start_agent, stop, wait_for
 
 pytestmark = pytest.mark.integration
