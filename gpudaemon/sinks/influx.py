@@ -11,6 +11,7 @@ than duplicates.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -93,7 +94,13 @@ def _http_error(status: int | None, reason: str | None, message: object) -> Infl
         kind = "rejected"
     else:
         kind = "server"
-    detail = " ".join(str(message or "").split())[:200]
+    text = message.decode(errors="replace") if isinstance(message, bytes) else str(message or "")
+    try:  # InfluxDB 1.x answers {"error": ...}, 2.x {"message": ...}
+        body = json.loads(text)
+        text = str(body.get("error") or body.get("message") or text)
+    except (ValueError, AttributeError):
+        pass
+    detail = " ".join(text.split())[:200]
     return InfluxWriteError(kind, f"HTTP {status} {reason or ''}".rstrip() + f": {detail}")
 
 
@@ -363,7 +370,7 @@ class InfluxWriter:
         now = self._monotonic()
         if e.kind != self._failing or now - self._last_log >= LOG_REPEAT_SECONDS:
             logger.error(
-                "InfluxDB write to {} failed ({}): {}; keeping points in the spool ({} now)",
+                "InfluxDB write to {} failed ({}): {}; spooling to disk ({} points waiting)",
                 self.url,
                 e.kind,
                 e,

@@ -1,0 +1,169 @@
+"""End to end: real `gpudaemon run` processes (simulated dgx-h100, 1 s schedules)
+against a real influxd. Done-criterion 3 (an outage with an agent restart in the
+middle loses nothing) and 5 (a wrong token or unreachable URL is logged, counted and
+survived), including SIGTERM handling."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.influx.conftest import InfluxServer
+from tests.support import free_port, http_get, start_agent, stop, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+class AgentProcess:
+    def __init__(self, tmp: Path, name: str, influx: dict[str, object], env: dict[str, str]):
+        self.port = free_port()
+        self.log = tmp / f"{name}.log"
+        cfg = tmp / f"{name}.yaml"
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "node_name": "node-e2e",
+                    "simulate": "dgx-h100",
+                    "schedules": {
+                        "telemetry": "* * * * * *",
+                        "history": "* * * * * *",
+                        "inventory": "0 */5 * * * *",
+                        "labels": "*/30 * * * * *",
+                    },
+                    "labels": {"to": str(tmp / "labels.json")},
+                    "metrics": {"listen": f"127.0.0.1:{self.port}"},
+                    "influxdb": {"timeout_ms": 1000, "shutdown_flush_seconds": 5, **influx},
+                }
+            )
+        )
+        self.proc: subprocess.Popen[bytes] = start_agent(
+            ["run", "--config", str(cfg)], env=env, log=self.log
+        )
+        wait_for(self._healthy, timeout=30, what=f"{name} /healthz (log: {self.log})")
+
+    def _healthy(self) -> bool:
+        assert self.proc.poll() is None, self.log.read_text()
+        return http_get(f"http://127.0.0.1:{self.port}/healthz", timeout=2)[0] == 200
+
+    def metric(self, name: str, **labels: str) -> float:
+        status, body = http_get(f"http://127.0.0.1:{self.port}/metrics", timeout=5)
+        assert status == 200
+        for fam in text_string_to_metric_families(body.decode()):
+            for s in fam.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    return float(s.value)
+        raise AssertionError(f"{name}{labels} not in /metrics")
+
+    def wait_metric(
+        self, name: str, pred: Callable[[float], bool], timeout: float = 30, **labels: str
+    ) -> None:
+        wait_for(
+            lambda: pred(self.metric(name, **labels)),
+            timeout=timeout,
+            what=f"{name}{labels} (log: {self.log})",
+        )
+
+    def sigterm(self) -> str:
+        code = stop(self.proc, timeout=20)
+        assert code == 0, f"exit code {code}: {self.log.read_text()[-3000:]}"
+        return self.log.read_text()
+
+
+def spooled_points(spool: Path) -> set[tuple[str, int]]:
+    """(gpu, timestamp ms) of every complete line in the spool right now."""
+    out = set()
+    for seg in sorted(spool.glob("seg-*.lp")):
+        for line in seg.read_bytes().split(b"\n")[:-1]:
+            text = line.decode()
+            gpu = re.search(r",gpu=(\d+)", text)
+            assert gpu, text
+            out.add((gpu.group(1), int(text.rsplit(" ", 1)[1])))
+    return out
+
+
+def test_outage_with_a_restart_of_the_agent_process_loses_nothing(
+    influxd: InfluxServer, influx_db: str, tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool"
+    influx = {"url": influxd.url, "bucket": f"{influx_db}/autogen", "spool_dir": str(spool)}
+    env = {"GPUDAEMON_INFLUXDB__TOKEN": "unused"}
+
+    first = AgentProcess(tmp_path, "first", influx, env)
+    first.wait_metric("gpudaemon_influxdb_points_written_total", lambda v: v >= 16)
+    influxd.stop()
+    first.wait_metric("gpudaemon_influxdb_points_spooled", lambda v: v >= 24)
+    log_first = first.sigterm()
+    from_first = spooled_points(spool)
+    assert len(from_first) >= 24
+    assert "points in the InfluxDB spool" in log_first  # told why it left them
+
+    second = AgentProcess(tmp_path, "second", influx, env)
+    second.wait_metric("gpudaemon_influxdb_points_spooled", lambda v: v >= len(from_first) + 16)
+    from_second = spooled_points(spool) - from_first
+    assert from_second
+    influxd.start()
+    second.wait_metric("gpudaemon_influxdb_points_spooled", lambda v: v == 0)
+    log_second = second.sigterm()
+    assert "from an earlier run" in log_second
+
+    rows = influxd.points(influx_db)
+    stored: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for r in rows:
+        stored[(r.tags["gpu"], r.field)].append(round(r.time.timestamp() * 1000))
+    power = {(g, t) for (g, f), ts in stored.items() if f == "power_watts" for t in ts}
+    lost = (from_first | from_second) - power
+    assert not lost, f"{len(lost)} spooled points never reached InfluxDB"
+    # Every field of a GPU has the same points: nothing half-written, no duplicates.
+    for (gpu, _field), ts in stored.items():
+        assert ts == sorted(set(ts))
+        assert len(ts) == len(stored[(gpu, "power_watts")])
+    assert {g for g, _ in stored} == {str(i) for i in range(8)}
+
+
+def test_wrong_token_is_logged_counted_and_survived(
+    influxd_auth: InfluxServer, tmp_path: Path
+) -> None:
+    db = influxd_auth.create_database("e2e_auth")
+    secret = "admin:wrong-secret-4711"
+    agent = AgentProcess(
+        tmp_path,
+        "wrong-token",
+        {"url": influxd_auth.url, "bucket": f"{db}/autogen", "spool_dir": str(tmp_path / "s")},
+        {"GPUDAEMON_INFLUXDB__TOKEN": secret},
+    )
+    agent.wait_metric(
+        "gpudaemon_influxdb_write_errors_total", lambda v: v >= 3, kind="unauthorized"
+    )
+    assert agent.metric("gpudaemon_influxdb_points_spooled") >= 16
+    assert http_get(f"http://127.0.0.1:{agent.port}/healthz")[0] == 200
+    log = agent.sigterm()
+    failures = [line for line in log.splitlines() if "InfluxDB write to" in line]
+    assert failures and "(unauthorized)" in failures[0] and "HTTP 401" in failures[0]
+    assert len(failures) == 1  # one clear line, not one per cycle
+    assert "wrong-secret-4711" not in log
+    assert "Traceback" not in log
+
+
+def test_unreachable_url_is_logged_counted_and_survived(tmp_path: Path) -> None:
+    agent = AgentProcess(
+        tmp_path,
+        "unreachable",
+        {
+            "url": f"http://127.0.0.1:{free_port()}",
+            "bucket": "db/autogen",
+            "spool_dir": str(tmp_path / "s"),
+        },
+        {},
+    )
+    agent.wait_metric("gpudaemon_influxdb_write_errors_total", lambda v: v >= 2, kind="unreachable")
+    assert http_get(f"http://127.0.0.1:{agent.port}/readyz")[0] == 200
+    log = agent.sigterm()
+    assert "(unreachable)" in log
+    assert "Traceback" not in log

@@ -1,0 +1,282 @@
+"""Done-criteria 1, 2, 4 and 5 of issue 5 against a real influxd, driven in-process:
+an Agent on simulated dgx-h100 GPUs with an injected clock, so every cycle's sample
+time (and therefore every expected point) is known exactly. The end-to-end runs of
+`gpudaemon run` are in test_agent_process.py."""
+
+from __future__ import annotations
+
+import io
+import socket
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from loguru import logger
+from prometheus_client import CollectorRegistry
+
+from gpudaemon.app import Agent
+from gpudaemon.backends.simulated import SimulatedBackend, load_profile
+from gpudaemon.config import load_config
+from gpudaemon.metrics.catalogue import GPU_METRICS
+from gpudaemon.sinks.influx import InfluxWriter, Transport
+from gpudaemon.sinks.local import StdoutSink
+from tests.integration.influx.conftest import InfluxServer
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_700_000_000.0  # 2023-11-14: a fixed, realistic start for the injected clock
+PERIOD = 10.0
+# Fields the simulated dgx-h100 always reports, plus those the writer always adds.
+ALWAYS = {m.influx_field for m in GPU_METRICS} | {"healthy", "xid_errors_total"}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = T0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Recording:
+    """Delegates to the real transport and remembers what InfluxDB accepted, in
+    order, so a test can check the replay order (a query only shows time order)."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+        self.accepted: list[int] = []
+
+    def write(self, body: bytes) -> None:
+        self.inner.write(body)
+        self.accepted += [int(line.rsplit(b" ", 1)[1]) for line in body.splitlines()]
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class Rig:
+    """One in-process agent; `cycle()` is one telemetry poll plus one history run."""
+
+    def __init__(self, tmp: Path, url: str, db: str, clock: Clock, **influx: object) -> None:
+        self.clock = clock
+        self.registry = CollectorRegistry()
+        token = str(influx.pop("token", ""))
+        self.cfg = load_config(
+            environ={"GPUDAEMON_INFLUXDB__TOKEN": token} if token else {},
+            overrides={
+                "node_name": "node-it",
+                "simulate": "dgx-h100",
+                "influxdb": {
+                    "url": url,
+                    "bucket": f"{db}/autogen",
+                    "spool_dir": str(tmp / "spool"),
+                    "timeout_ms": 1000,
+                    "shutdown_flush_seconds": 5,
+                    **influx,
+                },
+            },
+        )
+        backend = SimulatedBackend(load_profile("dgx-h100"), seed=5, clock=clock)
+        self.agent = Agent(
+            self.cfg,
+            backend=backend,
+            registry=self.registry,
+            label_sink=StdoutSink(io.StringIO()),
+            clock=clock,
+        )
+        assert isinstance(self.agent.history, InfluxWriter)
+        self.writer: InfluxWriter = self.agent.history
+        self.recording = Recording(self.writer.transport)
+        self.writer.transport = self.recording
+        assert self.agent.poll_inventory()
+        self.times: list[float] = []
+
+    def cycle(self) -> None:
+        self.clock.t += PERIOD
+        assert self.agent.poll_telemetry()
+        self.times.append(self.agent.cache.get().samples_at)
+        assert self.agent.flush_history()  # a failing InfluxDB is not a failing job
+
+    def metric(self, name: str, **labels: str) -> float:
+        v = self.registry.get_sample_value(name, labels)
+        assert v is not None, f"{name}{labels} not exported"
+        return v
+
+    def close(self) -> None:
+        self.agent.close()
+
+
+@pytest.fixture
+def logs() -> Iterator[io.StringIO]:
+    buf = io.StringIO()
+    sink = logger.add(buf, level="INFO", format="{level} {message}")
+    yield buf
+    logger.remove(sink)
+
+
+def ms(t: float) -> int:
+    return round(t * 1000)
+
+
+def by_series(rows: list) -> dict[tuple[str, str], list[int]]:  # type: ignore[type-arg]
+    """(gpu, field) -> stored timestamps in ms, oldest first."""
+    out: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for r in rows:
+        out[(r.tags["gpu"], r.field)].append(round(r.time.timestamp() * 1000))
+    return out
+
+
+def assert_exactly(rows: list, times: list[float]) -> None:  # type: ignore[type-arg]
+    """Every field of every GPU holds exactly one point per expected time."""
+    series = by_series(rows)
+    want = sorted(ms(t) for t in times)
+    assert {g for g, _ in series} == {str(i) for i in range(8)}
+    for (gpu, field), stamps in series.items():
+        assert stamps == want, f"gpu {gpu} field {field}"
+    for gpu in range(8):
+        assert {f for g, f in series if g == str(gpu)} >= ALWAYS
+
+
+def test_n_cycles_give_n_times_8_points_per_field_with_the_right_tags(
+    influxd: InfluxServer, influx_db: str, tmp_path: Path
+) -> None:
+    rig = Rig(tmp_path, influxd.url, influx_db, Clock())
+    n = 6
+    for _ in range(n):
+        rig.cycle()
+    rig.close()
+
+    rows = influxd.points(influx_db)
+    per_field = Counter(r.field for r in rows)
+    assert set(per_field) >= ALWAYS
+    assert all(count == n * 8 for count in per_field.values()), per_field
+    assert_exactly(rows, rig.times)
+
+    inv = rig.agent.cache.get().inventory
+    assert inv is not None
+    want_tags = {(str(g.index), g.uuid, g.name, "node-it") for g in inv.gpus}
+    got_tags = {(r.tags["gpu"], r.tags["uuid"], r.tags["model"], r.tags["node"]) for r in rows}
+    assert got_tags == want_tags
+    assert rig.metric("gpudaemon_influxdb_points_written_total") == n * 8
+    # Same units as the metrics: bytes are bytes, ratios 0-1.
+    mem = [r.value for r in rows if r.field == "memory_total_bytes"]
+    assert all(v == inv.gpus[0].memory_total_bytes for v in mem)
+    util = [r.value for r in rows if r.field == "utilization_ratio"]
+    assert all(0.0 <= v <= 1.0 for v in util)
+
+
+def test_outage_points_are_replayed_in_order_without_duplicates(
+    influxd: InfluxServer, influx_db: str, tmp_path: Path, logs: io.StringIO
+) -> None:
+    rig = Rig(tmp_path, influxd.url, influx_db, Clock())
+    for _ in range(3):
+        rig.cycle()
+    influxd.stop()
+    for _ in range(5):
+        rig.cycle()
+    assert rig.metric("gpudaemon_influxdb_points_spooled") == 5 * 8
+    assert rig.metric("gpudaemon_influxdb_write_errors_total", kind="unreachable") >= 1
+    assert "InfluxDB write to" in logs.getvalue() and "(unreachable)" in logs.getvalue()
+    influxd.start()
+    for _ in range(2):
+        rig.cycle()
+    assert rig.metric("gpudaemon_influxdb_points_spooled") == 0
+    rig.close()
+
+    assert_exactly(influxd.points(influx_db), rig.times)
+    assert rig.recording.accepted == sorted(rig.recording.accepted)  # oldest first
+    assert len(rig.recording.accepted) == 10 * 8  # each point sent once
+    assert rig.metric("gpudaemon_influxdb_points_dropped_total", reason="overflow") == 0
+
+
+def test_outage_with_an_agent_restart_in_the_middle_loses_nothing(
+    influxd: InfluxServer, influx_db: str, tmp_path: Path
+) -> None:
+    clock = Clock()
+    first = Rig(tmp_path, influxd.url, influx_db, clock)
+    for _ in range(2):
+        first.cycle()
+    influxd.stop()
+    for _ in range(3):
+        first.cycle()
+    first.close()  # SIGTERM path: flush fails, the rest stays on disk
+
+    second = Rig(tmp_path, influxd.url, influx_db, clock)
+    assert second.metric("gpudaemon_influxdb_points_spooled") == 3 * 8
+    for _ in range(3):
+        second.cycle()
+    influxd.start()
+    second.cycle()
+    second.close()
+
+    assert_exactly(influxd.points(influx_db), first.times + second.times)
+    assert second.recording.accepted == sorted(second.recording.accepted)
+
+
+def test_spool_smaller_than_the_outage_drops_the_oldest_and_counts_them(
+    influxd: InfluxServer, influx_db: str, tmp_path: Path, logs: io.StringIO
+) -> None:
+    rig = Rig(tmp_path, influxd.url, influx_db, Clock(), spool_max_bytes=12_000)
+    rig.cycle()
+    influxd.stop()
+    for _ in range(12):
+        rig.cycle()
+    dropped = rig.metric("gpudaemon_influxdb_points_dropped_total", reason="overflow")
+    assert dropped > 0
+    assert rig.writer.spool is not None and rig.writer.spool.size_bytes <= 12_000
+    assert "dropped the" in logs.getvalue() and "oldest points" in logs.getvalue()
+    assert rig.agent.readiness()[0]  # the process stays healthy
+    influxd.start()
+    rig.cycle()
+    rig.close()
+
+    rows = influxd.points(influx_db, field="power_watts")
+    stored = sorted({round(r.time.timestamp() * 1000) for r in rows})
+    expected = [ms(t) for t in rig.times]
+    missing = [t for t in expected if t not in stored]
+    assert len(rows) == len(stored) * 8 - 0  # no duplicates: one row per GPU per time
+    assert len(missing) * 8 == dropped  # the counter says exactly what is missing
+    outage = expected[1:-1]
+    assert missing == outage[: len(missing)]  # and it is the oldest of the outage
+    assert stored[0] == expected[0] and stored[-1] == expected[-1]
+
+
+def test_unreachable_url_is_logged_counted_and_bounded(tmp_path: Path, logs: io.StringIO) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(4)  # accepts connections, never answers: the worst kind of outage
+        port = s.getsockname()[1]
+        rig = Rig(tmp_path, f"http://127.0.0.1:{port}", "db", Clock(), timeout_ms=500)
+        start = time.monotonic()
+        rig.cycle()
+        assert time.monotonic() - start < 3  # one timeout_ms, not a hang
+        assert rig.metric("gpudaemon_influxdb_write_errors_total", kind="timeout") == 1
+    rig.cycle()  # the socket is closed: nothing listens on the port now
+    assert rig.metric("gpudaemon_influxdb_write_errors_total", kind="unreachable") == 1
+    assert rig.metric("gpudaemon_influxdb_points_spooled") == 16
+    assert rig.agent.readiness()[0]
+    text = logs.getvalue()
+    assert "(timeout)" in text and "(unreachable)" in text
+    rig.close()
+
+
+def test_wrong_token_is_unauthorized_and_the_right_one_works(
+    influxd_auth: InfluxServer, tmp_path: Path, logs: io.StringIO
+) -> None:
+    db = influxd_auth.create_database("authdb")
+    wrong = Rig(tmp_path / "a", influxd_auth.url, db, Clock(), token="admin:not-the-password")
+    wrong.cycle()
+    assert wrong.metric("gpudaemon_influxdb_write_errors_total", kind="unauthorized") == 1
+    assert wrong.metric("gpudaemon_influxdb_points_spooled") == 8
+    text = logs.getvalue()
+    assert "(unauthorized)" in text and "HTTP 401" in text
+    assert "not-the-password" not in text
+    wrong.close()
+
+    right = Rig(tmp_path / "b", influxd_auth.url, db, Clock(), token="admin:admin-password")
+    right.cycle()
+    right.close()
+    assert right.metric("gpudaemon_influxdb_write_errors_total", kind="unauthorized") == 0
+    assert len(influxd_auth.points(db, field="power_watts")) == 8
