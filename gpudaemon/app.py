@@ -97,7 +97,8 @@ class Agent:
         if pods is None and cfg.metrics.pod_resources_socket:
             self.pod_attribution = PodAttribution(cfg.metrics.pod_resources_socket)
             pods = self.pod_attribution.get
-        self.registry.register(GpuCollector(self.cache, cfg.node_name, pods=pods, clock=clock))
+        self.gpu_collector = GpuCollector(self.cache, cfg.node_name, pods=pods, clock=clock)
+        self.registry.register(self.gpu_collector)
         self.scheduler = CronScheduler(
             on_overrun=lambda job: self.metrics.job_overruns.labels(job).inc()
         )
@@ -177,7 +178,9 @@ class Agent:
     # -- lifecycle ---------------------------------------------------------------
 
     def start_http(self) -> int:
-        self.http = HttpServer(self.cfg.metrics.listen, make_app(self.registry, self.readiness))
+        self.http = HttpServer(
+            self.cfg.metrics.listen, make_app(self.registry, self.readiness, self.gpu_collector)
+        )
         self.http.start()
         logger.info("serving /metrics, /healthz, /readyz on {}", self.cfg.metrics.listen)
         return self.http.port

@@ -8,7 +8,7 @@ from gpudaemon import __version__
 
 # `*_created` series double the counter/histogram output and no dashboard or alert
 # reads them; process-wide, like prometheus-client's own switch.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 # Poll latencies run from ~50 us (simulated) to seconds (a sick driver).
 _POLL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)

@@ -3,9 +3,12 @@ and never calls NVML; families are rebuilt from data already in memory."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from loguru import logger
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -21,6 +24,34 @@ from gpudaemon.metrics.catalogue import (
     XID_ERRORS,
 )
 from gpudaemon.model import GpuInfo, Snapshot
+
+
+class _RenderState(threading.local):
+    skip_gpus = False
+
+
+_render = _RenderState()
+
+
+@contextmanager
+def without_gpus() -> Iterator[None]:
+    """In this thread, GpuCollector.collect() yields only the reading age (the HTTP
+    layer appends the cached GPU part itself)."""
+    _render.skip_gpus = True
+    try:
+        yield
+    finally:
+        _render.skip_gpus = False
+
+
+class _Families:
+    """The minimal registry interface an encoder needs."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Metric]:
+        return self._families
 
 
 @dataclass(frozen=True)
@@ -66,23 +97,48 @@ class GpuCollector(Collector):
         self.node = node
         self.pods = pods
         self.clock = clock
+        # openmetrics? -> (snapshot, pod map, encoded bytes); objects compared by identity
+        self._rendered: dict[bool, tuple[Snapshot, PodMap, bytes]] = {}
 
     def describe(self) -> list[Metric]:
         return []  # unchecked collector: families depend on the cache contents
 
     def collect(self) -> Iterator[Metric]:
         snap = self.cache.get()
+        yield self.age_family(snap)
+        if not _render.skip_gpus:
+            yield from self.gpu_families(snap, self._pods())
+
+    def render_gpus(self, encoder: Callable[[Any], bytes], openmetrics: bool) -> bytes:
+        """The per-GPU part of a scrape, already encoded, rendered once per snapshot
+        and pod map: between telemetry polls every scrape reuses the bytes.
+
+        The HTTP layer calls this inside `without_gpus()`, so the registry's own
+        pass yields only the (time-dependent) reading age from this collector.
+        """
+        snap, pods = self.cache.get(), self._pods()
+        hit = self._rendered.get(openmetrics)
+        if hit is not None and hit[0] is snap and hit[1] is pods:
+            return hit[2]
+        body = encoder(_Families(list(self.gpu_families(snap, pods))))
+        if openmetrics:
+            body = body.removesuffix(b"# EOF\n")
+        self._rendered[openmetrics] = (snap, pods, body)
+        return body
+
+    def age_family(self, snap: Snapshot) -> GaugeMetricFamily:
         age = GaugeMetricFamily(
             PREFIX + "last_reading_age_seconds",
             "Seconds since the newest telemetry reading was taken.",
         )
         if snap.samples_at:
             age.add_metric([], max(0.0, self.clock() - snap.samples_at))
-        yield age
+        return age
+
+    def gpu_families(self, snap: Snapshot, pods: PodMap) -> Iterator[Metric]:
         inv = snap.inventory
         if inv is None:
             return
-        pods = self._pods()
         base: dict[int, list[str]] = {}
         info = GaugeMetricFamily(
             PREFIX + "gpu_info",

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpudaemon.app import Agent
-from gpudaemon.backends.simulated import SimulatedBackend, load_profile
+from gpudaemon.backends.simulated import FaultSpec, SimulatedBackend, load_profile
 from gpudaemon.config import Config, load_config
 from gpudaemon.errors import BackendError
 from gpudaemon.labels import LabelSet
@@ -185,3 +185,41 @@ def test_build_info_names_version_and_backend(agent: Agent) -> None:
 
     labels = {"version": __version__, "backend": "simulated"}
     assert agent.registry.get_sample_value("gpudaemon_build_info", labels) == 1
+
+
+def _families(text: bytes) -> dict[str, list[str]]:
+    """Family -> sorted sample lines (order of families is not part of the format)."""
+    out: dict[str, list[str]] = {}
+    current = ""
+    for line in text.decode().splitlines():
+        if line.startswith("# HELP "):
+            current = line.split()[2]
+        out.setdefault(current, []).append(line)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("accept", ["", "application/openmetrics-text"])
+def test_the_cached_scrape_path_serves_what_prometheus_client_would(
+    agent: Agent, url: str, accept: str
+) -> None:
+    from prometheus_client.exposition import choose_encoder
+
+    agent.run_once()
+    fast = http_get(url + "/metrics", headers={"Accept": accept})[1]
+    encoder, _ = choose_encoder(accept)
+    reference = encoder(agent.registry)
+    assert _families(fast) == _families(reference)
+    assert fast.count(b"# EOF") == (1 if accept else 0)
+
+
+def test_a_new_poll_invalidates_the_cached_gpu_part(
+    agent: Agent, url: str, backend: GuardedBackend
+) -> None:
+    agent.run_once()
+    first = http_get(url + "/metrics")[1]
+    assert http_get(url + "/metrics")[1] == first  # same snapshot, same bytes
+    backend.inner.inject(4, FaultSpec(kind="lost"))
+    agent.poll_telemetry()
+    after = http_get(url + "/metrics")[1].decode()
+    lost = [ln for ln in after.splitlines() if ln.startswith("gpudaemon_gpu_lost{")]
+    assert [ln.endswith(" 1.0") for ln in lost].count(True) == 1
