@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from loguru import logger
@@ -69,6 +70,7 @@ PodMap = Mapping[str, PodRef]
 GPU_LABELS = ["gpu", "uuid", "model", "node", "pod", "namespace", "container"]
 MIG_LABELS = [*GPU_LABELS, "mig_uuid", "mig_profile", "gpu_instance_id"]
 _NO_POD = ("", "", "")
+_NO_PODS: PodMap = MappingProxyType({})
 
 
 def _family(
@@ -206,13 +208,14 @@ class GpuCollector(Collector):
         yield from self._mig(snap, inv.gpus, base, pods)
 
     def _pods(self) -> PodMap:
+        # Always the same empty object: render_gpus' cache compares by identity.
         if self.pods is None:
-            return {}
+            return _NO_PODS
         try:
             return self.pods()
         except Exception as e:  # attribution must never fail a scrape
             logger.error("pod attribution lookup failed: {}", e)
-            return {}
+            return _NO_PODS
 
     def _mig(
         self,

@@ -218,6 +218,11 @@ def test_a_new_poll_invalidates_the_cached_gpu_part(
     agent.run_once()
     first = http_get(url + "/metrics")[1]
     assert http_get(url + "/metrics")[1] == first  # same snapshot, same bytes
+    hits = []
+    real = agent.gpu_collector.gpu_families
+    agent.gpu_collector.gpu_families = lambda *a: hits.append(1) or real(*a)  # type: ignore[method-assign]
+    http_get(url + "/metrics")
+    assert hits == []  # served from the per-snapshot cache, nothing re-encoded
     backend.inner.inject(4, FaultSpec(kind="lost"))
     agent.poll_telemetry()
     after = http_get(url + "/metrics")[1].decode()
