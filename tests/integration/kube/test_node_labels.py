@@ -1,0 +1,146 @@
+"""`gpudaemon run --once` against the real API server with the agent's restricted
+identity: the brief's labels and annotation appear, foreign keys survive, dropped keys
+go, odd GPU names give valid distinct labels, and the agent never creates a Node."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.integration.kube.controlplane import ControlPlane, annotation
+from tests.support import REPO
+
+pytestmark = pytest.mark.integration
+
+P = "gpudaemon.io/"
+VALUE_RE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+
+
+def run_once(cp: ControlPlane, node: str, simulate: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "GPUDAEMON_KUBERNETES__KUBECONFIG": str(cp.agent_kubeconfig),
+        "GPUDAEMON_LABELS__TO": "apiserver",
+    }
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpudaemon",
+            "run",
+            "--simulate",
+            simulate,
+            "--node-name",
+            node,
+            "--once",
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_once_puts_the_briefs_labels_and_a_parseable_annotation(
+    control_plane: ControlPlane, node: str
+) -> None:
+    proc = run_once(control_plane, node, "dgx-h100")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    meta = control_plane.node(node)["metadata"]
+    ours = {k.removeprefix(P): v for k, v in meta["labels"].items() if k.startswith(P)}
+    assert ours == {
+        "gpu.present": "true",
+        "gpu.count": "8",
+        "gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "gpu.family": "hopper",
+        "gpu.memory": "81559",
+        "gpu.compute.major": "9",
+        "gpu.compute.minor": "0",
+        "driver.major": "550",
+        "driver.minor": "54",
+        "driver.rev": "15",
+        "cuda.driver.major": "12",
+        "cuda.driver.minor": "4",
+        "gpu.healthy": "8",
+        "mig.capable": "false",
+        "mig.enabled": "false",
+    }
+    gpus = annotation(control_plane.node(node))
+    assert [g["index"] for g in gpus] == list(range(8))
+    assert all(g["healthy"] is True and g["memory_total_mib"] == 81559 for g in gpus)
+    assert all(g["uuid"].startswith("GPU-") for g in gpus)
+    managers = {(m["manager"], m["operation"]) for m in meta["managedFields"]}
+    assert ("gpudaemon", "Apply") in managers
+
+
+def test_foreign_labels_survive_and_dropped_labels_are_removed(
+    control_plane: ControlPlane, node: str
+) -> None:
+    assert run_once(control_plane, node, "mixed").returncode == 0
+    labels = control_plane.node(node)["metadata"]["labels"]
+    assert labels[P + "gpu.mixed"] == "true"
+    # Someone else adds a label and an annotation after the agent's first write.
+    control_plane.admin.request(
+        "PATCH",
+        f"/api/v1/nodes/{node}",
+        body={"metadata": {"labels": {"zone": "b"}, "annotations": {"example.com/owner": "sre"}}},
+        content_type="application/merge-patch+json",
+    )
+    proc = run_once(control_plane, node, "dgx-h100")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    meta = control_plane.node(node)["metadata"]
+    assert P + "gpu.mixed" not in meta["labels"]
+    assert meta["labels"][P + "gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert {k: meta["labels"][k] for k in ("team", "example.com/rack", "zone")} == {
+        "team": "ml",
+        "example.com/rack": "r12",
+        "zone": "b",
+    }
+    assert meta["annotations"]["example.com/owner"] == "sre"
+
+
+LONG = (
+    "NVIDIA H100 80GB HBM3 (Engineering Sample) / rev.A1 :: SXM5 <pre-release> "
+    "build 2024-03-01 with a very long marketing name"
+)
+
+
+@pytest.mark.parametrize("suffix", [("#1", "#2")])
+def test_long_punctuated_names_give_valid_distinct_labels_on_the_node(
+    control_plane: ControlPlane, tmp_path: Path, suffix: tuple[str, str]
+) -> None:
+    values = []
+    for i, s in enumerate(suffix):
+        profile = tmp_path / f"p{i}.yaml"
+        profile.write_text(
+            'driver_version: "550.54.15"\ncuda_version: "12.4"\ngpus:\n'
+            f'  - {{name: "{LONG} {s}", memory_total_mib: 81559, compute_capability: "9.0"}}\n'
+        )
+        name = f"odd-{uuid.uuid4().hex[:8]}"
+        control_plane.create_node(name)
+        proc = run_once(control_plane, name, str(profile))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        values.append(control_plane.node(name)["metadata"]["labels"][P + "gpu.product"])
+    assert values[0] != values[1]
+    for v in values:
+        assert len(v) <= 63 and VALUE_RE.fullmatch(v), v
+        assert v.startswith("NVIDIA-H100-80GB-HBM3")
+
+
+def test_agent_never_creates_a_missing_node_and_says_so_in_one_line(
+    control_plane: ControlPlane,
+) -> None:
+    name = f"absent-{uuid.uuid4().hex[:8]}"
+    proc = run_once(control_plane, name, "dgx-h100")
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert f"/api/v1/nodes/{name}: HTTP 404" in proc.stdout + proc.stderr
+    listed = control_plane.admin.request("GET", "/api/v1/nodes")["items"]
+    assert name not in {n["metadata"]["name"] for n in listed}

@@ -1,0 +1,102 @@
+"""API server down for 60 s: the agent process keeps serving /metrics the whole time,
+does not crash-loop, and after the restart its labels (and a GPU lost during the
+outage) converge within one backoff cap."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.kube.controlplane import ControlPlane, annotation
+from tests.support import free_port, http_get, start_agent, stop, wait_for
+
+pytestmark = pytest.mark.integration
+
+P = "gpudaemon.io/"
+BACKOFF_CAP_S = 8
+OUTAGE_S = 60
+
+
+def test_agent_survives_a_60s_outage_and_converges_within_one_backoff_cap(
+    control_plane: ControlPlane, node: str, tmp_path: Path
+) -> None:
+    port = free_port()
+    profile = tmp_path / "profile.yaml"
+    # GPU 2 is lost 40 s after start: that is during the outage.
+    profile.write_text(
+        'driver_version: "550.54.15"\ncuda_version: "12.4"\n'
+        "faults: [{kind: lost, gpu: 2, after_s: 40}]\n"
+        "gpus:\n  - {name: NVIDIA H100 80GB HBM3, memory_total_mib: 81559,"
+        ' compute_capability: "9.0", count: 4}\n'
+    )
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(
+        f"node_name: {node}\nsimulate: {profile}\n"
+        f"metrics: {{listen: '127.0.0.1:{port}'}}\n"
+        "labels: {to: apiserver}\n"
+        'schedules: {telemetry: "* * * * * *", labels: "*/2 * * * * *",'
+        ' inventory: "*/10 * * * * *"}\n'
+        f"kubernetes: {{kubeconfig: '{control_plane.agent_kubeconfig}',"
+        f" backoff_max_seconds: {BACKOFF_CAP_S}, request_timeout_seconds: 2,"
+        " lease_duration_seconds: 12}\n"
+    )
+    log = tmp_path / "agent.log"
+    proc = start_agent(["run", "--config", str(cfg)], log=log)
+    try:
+        wait_for(
+            lambda: control_plane.node(node)["metadata"]["labels"].get(P + "gpu.healthy") == "4",
+            timeout=60,
+            what="first labels",
+        )
+        wait_for(lambda: control_plane.lease(node), timeout=30, what="first lease")
+
+        control_plane.stop_apiserver()
+        down_at = time.monotonic()
+        answers = []
+        while time.monotonic() - down_at < OUTAGE_S:
+            status, body = http_get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+            answers.append(status)
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(1)
+        assert answers and set(answers) == {200}, answers
+        errors = _metric(body, 'gpudaemon_node_writes_total{result="error"}')
+        assert errors >= 1, "the outage never reached the sink"
+
+        control_plane.start_apiserver()  # returns once /readyz answers
+        recovered_at = time.monotonic()
+        wait_for(
+            lambda: control_plane.node(node)["metadata"]["labels"].get(P + "gpu.healthy") == "3",
+            timeout=BACKOFF_CAP_S + 30,
+            interval=0.25,
+            what="labels after recovery",
+        )
+        converged_s = time.monotonic() - recovered_at
+        # One backoff cap, plus the 1 s retry tick and our 0.25 s polling.
+        assert converged_s <= BACKOFF_CAP_S + 2, converged_s
+        gpus = {g["index"]: g for g in annotation(control_plane.node(node))}
+        assert gpus[2]["healthy"] is False
+        before = control_plane.lease(node)
+        assert before is not None
+        wait_for(
+            lambda: (
+                (control_plane.lease(node) or {})["spec"]["renewTime"] > before["spec"]["renewTime"]
+            ),
+            timeout=15,
+            what="lease renewed after recovery",
+        )
+        assert proc.poll() is None
+        text = log.read_text()
+        assert "Traceback" not in text
+    finally:
+        if control_plane.apiserver is None:
+            control_plane.start_apiserver()
+        assert stop(proc) == 0, log.read_text()[-3000:]
+
+
+def _metric(body: bytes, series: str) -> float:
+    for line in body.decode().splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{series} not in /metrics")
