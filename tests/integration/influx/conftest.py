@@ -30,8 +30,8 @@ ADMIN = ("admin", "admin-password")
 
 @dataclass(frozen=True)
 class Row:
-    time: datetime
-    field: str
+    time: datetime | None
+    field: str | None
     value: Any
     tags: dict[str, str]
 
@@ -128,7 +128,7 @@ class InfluxServer:
             for r in t.records:
                 v = r.values
                 tags = {k: v[k] for k in ("node", "gpu", "uuid", "model") if k in v}
-                rows.append(Row(r.get_time(), r.get_field(), r.get_value(), tags))
+                rows.append(Row(v.get("_time"), v.get("_field"), v.get("_value"), tags))
         return rows
 
     def points(self, db: str, field: str | None = None) -> list[Row]:
@@ -158,13 +158,13 @@ def _server(tools_bin: Path, tmp: Path, auth: bool) -> Iterator[InfluxServer]:
         server.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def influxd(tools_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InfluxServer]:
-    """influxd without auth, shared by a module; tests use their own database."""
+    """influxd without auth, shared by the session; tests use their own database."""
     yield from _server(tools_bin, tmp_path_factory.mktemp("influxd"), auth=False)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def influxd_auth(
     tools_bin: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[InfluxServer]:

@@ -14,98 +14,11 @@ from pathlib import Path
 
 import pytest
 from loguru import logger
-from prometheus_client import CollectorRegistry
 
-from gpudaemon.app import Agent
-from gpudaemon.backends.simulated import SimulatedBackend, load_profile
-from gpudaemon.config import load_config
-from gpudaemon.metrics.catalogue import GPU_METRICS
-from gpudaemon.sinks.influx import InfluxWriter, Transport
-from gpudaemon.sinks.local import StdoutSink
 from tests.integration.influx.conftest import InfluxServer
+from tests.integration.influx.rig import ALWAYS, Clock, Rig
 
 pytestmark = pytest.mark.integration
-
-T0 = 1_700_000_000.0  # 2023-11-14: a fixed, realistic start for the injected clock
-PERIOD = 10.0
-# Fields the simulated dgx-h100 always reports, plus those the writer always adds.
-ALWAYS = {m.influx_field for m in GPU_METRICS} | {"healthy", "xid_errors_total"}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = T0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class Recording:
-    """Delegates to the real transport and remembers what InfluxDB accepted, in
-    order, so a test can check the replay order (a query only shows time order)."""
-
-    def __init__(self, inner: Transport) -> None:
-        self.inner = inner
-        self.accepted: list[int] = []
-
-    def write(self, body: bytes) -> None:
-        self.inner.write(body)
-        self.accepted += [int(line.rsplit(b" ", 1)[1]) for line in body.splitlines()]
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class Rig:
-    """One in-process agent; `cycle()` is one telemetry poll plus one history run."""
-
-    def __init__(self, tmp: Path, url: str, db: str, clock: Clock, **influx: object) -> None:
-        self.clock = clock
-        self.registry = CollectorRegistry()
-        token = str(influx.pop("token", ""))
-        self.cfg = load_config(
-            environ={"GPUDAEMON_INFLUXDB__TOKEN": token} if token else {},
-            overrides={
-                "node_name": "node-it",
-                "simulate": "dgx-h100",
-                "influxdb": {
-                    "url": url,
-                    "bucket": f"{db}/autogen",
-                    "spool_dir": str(tmp / "spool"),
-                    "timeout_ms": 1000,
-                    "shutdown_flush_seconds": 5,
-                    **influx,
-                },
-            },
-        )
-        backend = SimulatedBackend(load_profile("dgx-h100"), seed=5, clock=clock)
-        self.agent = Agent(
-            self.cfg,
-            backend=backend,
-            registry=self.registry,
-            label_sink=StdoutSink(io.StringIO()),
-            clock=clock,
-        )
-        assert isinstance(self.agent.history, InfluxWriter)
-        self.writer: InfluxWriter = self.agent.history
-        self.recording = Recording(self.writer.transport)
-        self.writer.transport = self.recording
-        assert self.agent.poll_inventory()
-        self.times: list[float] = []
-
-    def cycle(self) -> None:
-        self.clock.t += PERIOD
-        assert self.agent.poll_telemetry()
-        self.times.append(self.agent.cache.get().samples_at)
-        assert self.agent.flush_history()  # a failing InfluxDB is not a failing job
-
-    def metric(self, name: str, **labels: str) -> float:
-        v = self.registry.get_sample_value(name, labels)
-        assert v is not None, f"{name}{labels} not exported"
-        return v
-
-    def close(self) -> None:
-        self.agent.close()
 
 
 @pytest.fixture
