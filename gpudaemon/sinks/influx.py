@@ -245,6 +245,8 @@ class InfluxWriter:
         self._last_key: tuple[int, float] | None = None
         self._failing: str | None = None  # error kind while InfluxDB is failing
         self._last_log = -LOG_REPEAT_SECONDS
+        self._last_drop_log: dict[str, float] = {}
+        self._dropped: dict[str, int] = {}
         self.transport: Transport = transport or ClientTransport(
             ic.url, cfg.influx_token(), ic.org, ic.bucket, ic.timeout_ms
         )
@@ -363,8 +365,15 @@ class InfluxWriter:
             )
 
     def _drop(self, reason: str, points: int, message: str) -> None:
+        """Count every dropped point; log the first drop of a kind, then at most every
+        LOG_REPEAT_SECONDS, so a permanent problem is one line, not one per cycle."""
         self.metrics.points_dropped.labels(reason).inc(points)
-        logger.warning("{}", message)
+        total = self._dropped[reason] = self._dropped.get(reason, 0) + points
+        now = self._monotonic()
+        last = self._last_drop_log.get(reason)
+        if last is None or now - last >= LOG_REPEAT_SECONDS:
+            logger.warning("{} ({} {} drops since start)", message, total, reason)
+            self._last_drop_log[reason] = now
 
     def _log_failure(self, e: InfluxWriteError) -> None:
         now = self._monotonic()

@@ -270,3 +270,19 @@ def test_silent_server_times_out_within_timeout_ms() -> None:
         t.close()
     assert e.value.kind == "timeout"
     assert elapsed < 5  # bounded by timeout_ms, not hanging
+
+
+def test_a_permanent_problem_is_one_log_line_not_one_per_cycle(tmp_path: Path) -> None:
+    from loguru import logger
+
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="WARNING")
+    try:
+        rig = Rig(tmp_path)
+        rig.transport.fail = "rejected"
+        for _ in range(5):
+            rig.cycle()
+    finally:
+        logger.remove(sink)
+    assert rig.metric("gpudaemon_influxdb_points_dropped_total", reason="rejected") == 40
+    assert len([line for line in lines if "rejected" in line]) == 2  # the failure + the drop
