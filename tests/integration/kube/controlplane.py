@@ -48,14 +48,15 @@ _KINDS: dict[str, tuple[str, str, bool]] = {
 }
 
 
-def _kubeconfig(path: Path, server: str, user: str, token: str) -> Path:
+def _kubeconfig(path: Path, server: str, user: str, token: str, ca: Path) -> Path:
+    """TLS verified against the CA kube-apiserver generates in --cert-dir."""
     path.write_text(
         yaml.safe_dump(
             {
                 "apiVersion": "v1",
                 "kind": "Config",
                 "clusters": [
-                    {"name": "t", "cluster": {"server": server, "insecure-skip-tls-verify": True}}
+                    {"name": "t", "cluster": {"server": server, "certificate-authority": str(ca)}}
                 ],
                 "users": [{"name": user, "user": {"token": token}}],
                 "contexts": [{"name": "t", "context": {"cluster": "t", "user": user}}],
@@ -73,13 +74,15 @@ class ControlPlane:
         self._own_dir = workdir is None
         self.etcd_port, self.peer_port, self.port = free_port(), free_port(), free_port()
         self.server = f"https://127.0.0.1:{self.port}"
+        # kube-apiserver writes its self-signed serving cert and CA here at first start.
+        self.ca = self.dir / "certs" / "apiserver.crt"
         self.etcd: subprocess.Popen[bytes] | None = None
         self.apiserver: subprocess.Popen[bytes] | None = None
         self.admin_kubeconfig = _kubeconfig(
-            self.dir / "admin.kubeconfig", self.server, "admin", "admin-token"
+            self.dir / "admin.kubeconfig", self.server, "admin", "admin-token", self.ca
         )
         self.agent_kubeconfig = _kubeconfig(
-            self.dir / "agent.kubeconfig", self.server, "agent", "agent-token"
+            self.dir / "agent.kubeconfig", self.server, "agent", "agent-token", self.ca
         )
         self._admin: KubeClient | None = None
 
@@ -162,7 +165,8 @@ class ControlPlane:
         req = urllib.request.Request(
             f"{self.server}/readyz", headers={"Authorization": "Bearer admin-token"}
         )
-        with urllib.request.urlopen(req, context=ssl._create_unverified_context(), timeout=5) as r:
+        ctx = ssl._create_unverified_context()  # the CA file may not exist yet
+        with urllib.request.urlopen(req, context=ctx, timeout=5) as r:
             return bool(r.status == 200)
 
     def stop_apiserver(self) -> None:

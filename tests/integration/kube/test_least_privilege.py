@@ -98,7 +98,9 @@ def test_pod_bound_token_may_change_only_its_own_node(
             }
         },
     )
-    kc = _kubeconfig(tmp_path / "bound", control_plane.server, "bound", tr["status"]["token"])
+    kc = _kubeconfig(
+        tmp_path / "bound", control_plane.server, "bound", tr["status"]["token"], control_plane.ca
+    )
     bound = KubeClient.from_credentials(Credentials(False, str(kc)))
     try:
         patch(bound, mine, {"metadata": {"labels": {"gpudaemon.io/x": "1"}}})
