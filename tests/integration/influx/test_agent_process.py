@@ -1,7 +1,8 @@
 """End to end: real `gpudaemon run` processes (simulated dgx-h100, 1 s schedules)
 against a real influxd. Done-criterion 3 (an outage with an agent restart in the
 middle loses nothing) and 5 (a wrong token or unreachable URL is logged, counted and
-survived), including SIGTERM handling."""
+survived), including SIGTERM handling and `promtool check metrics` on the history
+metrics."""
 
 from __future__ import annotations
 
@@ -151,7 +152,7 @@ def test_wrong_token_is_logged_counted_and_survived(
     assert "Traceback" not in log
 
 
-def test_unreachable_url_is_logged_counted_and_survived(tmp_path: Path) -> None:
+def test_unreachable_url_is_logged_counted_and_survived(tmp_path: Path, tools_bin: Path) -> None:
     agent = AgentProcess(
         tmp_path,
         "unreachable",
@@ -164,6 +165,13 @@ def test_unreachable_url_is_logged_counted_and_survived(tmp_path: Path) -> None:
     )
     agent.wait_metric("gpudaemon_influxdb_write_errors_total", lambda v: v >= 2, kind="unreachable")
     assert http_get(f"http://127.0.0.1:{agent.port}/readyz")[0] == 200
+    # The history metrics follow the naming rules too.
+    body = http_get(f"http://127.0.0.1:{agent.port}/metrics")[1]
+    assert b"gpudaemon_influxdb_points_spooled" in body
+    lint = subprocess.run(
+        [str(tools_bin / "promtool"), "check", "metrics"], input=body, capture_output=True
+    )
+    assert (lint.returncode, lint.stdout, lint.stderr) == (0, b"", b"")
     log = agent.sigterm()
     assert "(unreachable)" in log
     assert "Traceback" not in log
