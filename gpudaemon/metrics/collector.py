@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
 
 from loguru import logger
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -24,6 +23,7 @@ from gpudaemon.metrics.catalogue import (
     PREFIX,
     XID_ERRORS,
 )
+from gpudaemon.metrics.exposition import encode_families
 from gpudaemon.model import GpuInfo, Snapshot
 
 
@@ -43,16 +43,6 @@ def without_gpus() -> Iterator[None]:
         yield
     finally:
         _render.skip_gpus = False
-
-
-class _Families:
-    """The minimal registry interface an encoder needs."""
-
-    def __init__(self, families: list[Metric]) -> None:
-        self._families = families
-
-    def collect(self) -> list[Metric]:
-        return self._families
 
 
 @dataclass(frozen=True)
@@ -111,7 +101,7 @@ class GpuCollector(Collector):
         if not _render.skip_gpus:
             yield from self.gpu_families(snap, self._pods())
 
-    def render_gpus(self, encoder: Callable[[Any], bytes], openmetrics: bool) -> bytes:
+    def render_gpus(self, openmetrics: bool) -> bytes:
         """The per-GPU part of a scrape, already encoded, rendered once per snapshot
         and pod map: between telemetry polls every scrape reuses the bytes.
 
@@ -122,9 +112,7 @@ class GpuCollector(Collector):
         hit = self._rendered.get(openmetrics)
         if hit is not None and hit[0] is snap and hit[1] is pods:
             return hit[2]
-        body = encoder(_Families(list(self.gpu_families(snap, pods))))
-        if openmetrics:
-            body = body.removesuffix(b"# EOF\n")
+        body = encode_families(self.gpu_families(snap, pods), openmetrics)
         self._rendered[openmetrics] = (snap, pods, body)
         return body
 

@@ -64,7 +64,7 @@ def _fast_metrics(
     openmetrics = content_type.startswith("application/openmetrics-text")
     with without_gpus():
         head = encoder(registry)
-    gpu_part = gpus.render_gpus(encoder, openmetrics)
+    gpu_part = gpus.render_gpus(openmetrics)
     # OpenMetrics ends with "# EOF": the GPU families go before it.
     body = head.removesuffix(b"# EOF\n") + gpu_part + (b"# EOF\n" if openmetrics else b"")
     headers = [("Content-Type", content_type)]
