@@ -17,18 +17,18 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
+from prometheus_client import CollectorRegistry, generate_latest
 
-from gpudaemon.app import Agent  # noqa: E402
-from gpudaemon.backends.simulated import SimulatedBackend, parse_profile  # noqa: E402
-from gpudaemon.config import load_config  # noqa: E402
-from gpudaemon.labels import LabelSet  # noqa: E402
-from gpudaemon.model import GpuSample, NodeInventory  # noqa: E402
+from gpudaemon.app import Agent
+from gpudaemon.backends.simulated import SimulatedBackend, parse_profile
+from gpudaemon.config import load_config
+from gpudaemon.labels import LabelSet
+from gpudaemon.model import GpuSample, NodeInventory
 
 TARGET_MS = 0.3
 SMI_FIELDS = (
@@ -126,7 +126,7 @@ def real_gpu_rows(cycles: int) -> list[str]:
 
         b = NvmlBackend(xid_events=False)
         inv = b.inventory()
-    except Exception as e:  # noqa: BLE001 - any failure means "no usable GPU here"
+    except Exception as e:
         return [f"real NVML: not measured ({e.__class__.__name__}: no usable NVIDIA GPU here)"]
     n = len(inv.gpus)
     for _ in range(5):
@@ -137,18 +137,23 @@ def real_gpu_rows(cycles: int) -> list[str]:
         b.sample()
         t.append(time.perf_counter() - t0)
     b.close()
-    rows = [f"real NVML full sample: {statistics.median(t) * 1000 / n:.3f} ms per GPU ({n} GPUs, "
-            f"{inv.gpus[0].name}, driver {inv.driver_version})"]
+    rows = [
+        f"real NVML full sample: {statistics.median(t) * 1000 / n:.3f} ms per GPU ({n} GPUs, "
+        f"{inv.gpus[0].name}, driver {inv.driver_version})"
+    ]
     smi = shutil.which("nvidia-smi")
     if smi:
         s = []
         for _ in range(min(cycles, 20)):
             t0 = time.perf_counter()
-            subprocess.run([smi, f"--query-gpu={SMI_FIELDS}", "--format=csv"],
-                           capture_output=True, check=True)
+            subprocess.run(
+                [smi, f"--query-gpu={SMI_FIELDS}", "--format=csv"], capture_output=True, check=True
+            )
             s.append(time.perf_counter() - t0)
-        rows.append(f"nvidia-smi --query-gpu (what nvidia_gpu_exporter/Telegraf run): "
-                    f"{statistics.median(s) * 1000 / n:.3f} ms per GPU")
+        rows.append(
+            f"nvidia-smi --query-gpu (what nvidia_gpu_exporter/Telegraf run): "
+            f"{statistics.median(s) * 1000 / n:.3f} ms per GPU"
+        )
     return rows
 
 
@@ -156,18 +161,29 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cycles", type=int, default=300)
     args = ap.parse_args()
-    print(f"bench/poll  {datetime.now(timezone.utc):%Y-%m-%d}  {platform.node()}  "
-          f"python {platform.python_version()}  cycles={args.cycles}  (medians, ms per GPU per cycle)")
+    print(
+        f"bench/poll  {datetime.now(UTC):%Y-%m-%d}  {platform.node()}  "
+        f"python {platform.python_version()}  cycles={args.cycles}  (medians, ms per GPU per cycle)"
+    )
     print()
-    hdr = ("GPUs", "backend(sim)", "poll overhead", "label build", "agent total", "scrape render",
-           f"target <= {TARGET_MS}")
+    hdr = (
+        "GPUs",
+        "backend(sim)",
+        "poll overhead",
+        "label build",
+        "agent total",
+        "scrape render",
+        f"target <= {TARGET_MS}",
+    )
     print("| " + " | ".join(hdr) + " |")
     print("|" + "|".join("---:" for _ in hdr) + "|")
     for n in (1, 8, 64):
         r = measure(n, args.cycles if n < 64 else max(50, args.cycles // 4))
         ok = "ok" if r["total"] <= TARGET_MS else "OVER"
-        print(f"| {n} | {r['backend']:.4f} | {r['poll']:.4f} | {r['labels']:.4f} | "
-              f"{r['total']:.4f} | {r['scrape']:.4f} | {ok} |")
+        print(
+            f"| {n} | {r['backend']:.4f} | {r['poll']:.4f} | {r['labels']:.4f} | "
+            f"{r['total']:.4f} | {r['scrape']:.4f} | {ok} |"
+        )
     print()
     print("agent total = poll overhead (job wrapper, cache, metrics) + label build; the scrape is")
     print("served on demand and reported apart. backend(sim) is time inside the simulated backend,")

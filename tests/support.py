@@ -22,8 +22,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(fn: Callable[[], T | None], timeout: float = 10.0, interval: float = 0.1,
-             what: str = "condition") -> T:
+def wait_for(
+    fn: Callable[[], T | None],
+    timeout: float = 10.0,
+    interval: float = 0.1,
+    what: str = "condition",
+) -> T:
     """Call fn until it returns something truthy; fail with `what` after `timeout` s.
     Exceptions count as "not yet" (a server still starting)."""
     deadline = time.monotonic() + timeout
@@ -33,13 +37,15 @@ def wait_for(fn: Callable[[], T | None], timeout: float = 10.0, interval: float 
             v = fn()
             if v:
                 return v
-        except Exception as e:  # noqa: BLE001 - retried until the deadline
+        except Exception as e:
             last = e
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last error: {last!r}")
 
 
-def http_get(url: str, timeout: float = 5.0, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+def http_get(
+    url: str, timeout: float = 5.0, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
     req = urllib.request.Request(url, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -48,13 +54,19 @@ def http_get(url: str, timeout: float = 5.0, headers: dict[str, str] | None = No
         return e.code, e.read()
 
 
-def start_agent(args: Sequence[str], env: dict[str, str] | None = None,
-                log: Path | None = None) -> subprocess.Popen[bytes]:
+def start_agent(
+    args: Sequence[str], env: dict[str, str] | None = None, log: Path | None = None
+) -> subprocess.Popen[bytes]:
     """`gpudaemon <args>` as a real subprocess of this interpreter."""
     full_env = {**os.environ, **(env or {})}
     out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - owned by the process
-    return subprocess.Popen([sys.executable, "-m", "gpudaemon", *args], env=full_env,
-                            stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpudaemon", *args],
+        env=full_env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+    )
 
 
 def stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> int:
