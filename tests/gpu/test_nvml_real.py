@@ -35,9 +35,15 @@ def test_inventory_matches_nvidia_smi(backend: NvmlBackend) -> None:
         assert g.compute_capability[0] >= 7
     smi = shutil.which("nvidia-smi")
     if smi:
-        out = subprocess.run([smi, "--query-gpu=uuid,name", "--format=csv,noheader"],
-                             capture_output=True, text=True, check=True).stdout
-        assert [line.split(", ")[0] for line in out.strip().splitlines()] == [g.uuid for g in inv.gpus]
+        out = subprocess.run(
+            [smi, "--query-gpu=uuid,name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert [line.split(", ")[0] for line in out.strip().splitlines()] == [
+            g.uuid for g in inv.gpus
+        ]
 
 
 def test_sample_has_sane_units(backend: NvmlBackend) -> None:
@@ -63,8 +69,9 @@ def test_energy_counter_increases(backend: NvmlBackend) -> None:
 
 
 def test_labels_from_real_hardware_are_valid(backend: NvmlBackend) -> None:
-    snap = Snapshot(inventory=backend.inventory(), inventory_at=1.0,
-                    samples=backend.sample(), samples_at=1.0)
+    snap = Snapshot(
+        inventory=backend.inventory(), inventory_at=1.0, samples=backend.sample(), samples_at=1.0
+    )
     ls = NodeLabeler().build(snap)
     assert ls.labels["gpudaemon.io/gpu.present"] == "true"
     assert all(is_valid_value(v) for v in ls.labels.values())
