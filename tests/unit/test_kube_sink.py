@@ -276,3 +276,45 @@ def test_bad_kubeconfig_is_one_config_error(tmp_path: Any) -> None:
     bad.write_text("not: [a kubeconfig")
     with pytest.raises(ConfigError, match="kubeconfig"):
         kube.KubeClient.from_credentials(kube.Credentials(False, str(bad)))
+
+
+def test_a_hung_api_server_gives_an_unavailable_error_not_a_hang(tmp_path: Any) -> None:
+    """A server that accepts the connection and never answers (black hole)."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    kc = tmp_path / "kc"
+    kc.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: 'https://127.0.0.1:{srv.getsockname()[1]}',"
+        " insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    client = kube.KubeClient.from_credentials(kube.Credentials(False, str(kc)), timeout_s=1.0)
+    try:
+        with pytest.raises(APIUnavailableError, match="GET /api/v1/nodes/n1"):
+            client.get_node("n1")
+    finally:
+        stop.set()
+        t.join()
+        for c in held:
+            c.close()
+        srv.close()
+        client.close()
