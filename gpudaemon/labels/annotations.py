@@ -2,8 +2,12 @@
 
 Readings are smoothed (EWMA across reconciles), then quantized with hysteresis: a
 published value moves only when the smoothed reading has moved a whole band away
-from it. Plain rounding flaps at a bucket edge under noise and rewrites the Node;
-a band on raw readings still flips on the odd 3-sigma spike; both together do not.
+from the smoothed value it was published from. Plain rounding flaps at a bucket edge
+under noise and rewrites the Node; a band on raw readings still flips on the odd
+3-sigma spike; both together do not. The first value comes from a single noisy
+reading, so until smoothing has settled (`warmup_readings`) the band is twice as wide,
+and then every value is re-based once on its smoothed value: at most one settling
+write per node, after which only real changes move the annotation.
 """
 
 from __future__ import annotations
@@ -26,14 +30,35 @@ class Quantization:
     temperature_band_c: int = 8
     # Weight of the newest reading; 0.3 cuts noise ~2.4x yet follows a step in 1-2 cycles.
     smoothing: float = 0.3
+    # Reconciles before the one settling re-base: ~5 min at the default 30 s schedule.
+    warmup_readings: int = 10
 
 
-def _held(published: int | None, raw: float | None, band: float, step: int) -> int | None:
-    if raw is None:
-        return None
-    if published is not None and abs(raw - published) < band:
-        return published
-    return int(round(raw / step) * step)
+@dataclass
+class _Track:
+    """One reading of one GPU: its smoothed value and what was published from it."""
+
+    smoothed: float
+    anchor: float  # the smoothed value `published` was rounded from
+    published: int
+    readings: int = 1
+
+    def update(self, raw: float, q: Quantization, band: float, step: int) -> int:
+        self.smoothed += q.smoothing * (raw - self.smoothed)
+        self.readings += 1
+        if self.readings == q.warmup_readings:
+            # Settle once: re-base on the smoothed value, so a noisy first reading
+            # cannot cause rewrites later. At most one write per node, at this reconcile.
+            self.anchor, self.published = self.smoothed, _round(self.smoothed, step)
+            return self.published
+        width = band * 2 if self.readings < q.warmup_readings else band
+        if abs(self.smoothed - self.anchor) >= width:
+            self.anchor, self.published = self.smoothed, _round(self.smoothed, step)
+        return self.published
+
+
+def _round(v: float, step: int) -> int:
+    return int(round(v / step) * step)
 
 
 class GpuStateAnnotator:
@@ -42,8 +67,7 @@ class GpuStateAnnotator:
     def __init__(self, prefix: str, q: Quantization | None = None) -> None:
         self.key = prefix + "gpus"
         self.q = q or Quantization()
-        self._published: dict[str, dict[str, object]] = {}
-        self._smoothed: dict[tuple[str, str], float] = {}
+        self._tracks: dict[tuple[str, str], _Track] = {}
 
     def annotations(self, snap: Snapshot) -> dict[str, str]:
         if snap.inventory is None:
@@ -55,7 +79,6 @@ class GpuStateAnnotator:
             if info.mig_enabled:
                 entry["mig_devices"] = len(info.mig_devices)
             entries.append(entry)
-            self._published[info.uuid] = entry
         text = json.dumps(entries, separators=(",", ":"), sort_keys=False)
         if len(text) > ANNOTATION_BUDGET_BYTES:  # pragma: no cover - needs >1000 GPUs
             raise ValueError(f"{self.key} annotation is {len(text)} bytes, over budget")
@@ -64,7 +87,7 @@ class GpuStateAnnotator:
     def _entry(
         self, index: int, uuid: str, total_bytes: int, s: GpuSample | None
     ) -> dict[str, object]:
-        q, prev = self.q, self._published.get(uuid, {})
+        q = self.q
         total_mib = total_bytes // MIB
         entry: dict[str, object] = {"index": index, "uuid": uuid, "memory_total_mib": total_mib}
         if s is None:
@@ -72,8 +95,7 @@ class GpuStateAnnotator:
             return entry
 
         def held(key: str, raw: float | None, band: float, step: int) -> None:
-            p = prev.get(key)
-            v = _held(p if isinstance(p, int) else None, self._smooth(uuid, key, raw), band, step)
+            v = self._held(uuid, key, raw, band, step)
             if v is not None:
                 entry[key] = v
 
@@ -89,12 +111,12 @@ class GpuStateAnnotator:
             entry["processes"] = s.process_count
         return entry
 
-    def _smooth(self, uuid: str, key: str, raw: float | None) -> float | None:
-        if raw is None:
-            self._smoothed.pop((uuid, key), None)
+    def _held(self, uuid: str, key: str, raw: float | None, band: float, step: int) -> int | None:
+        if raw is None:  # unsupported now: forget it, so it starts afresh if it returns
+            self._tracks.pop((uuid, key), None)
             return None
-        prev = self._smoothed.get((uuid, key))
-        a = self.q.smoothing
-        value = raw if prev is None else prev + a * (raw - prev)
-        self._smoothed[(uuid, key)] = value
-        return value
+        track = self._tracks.get((uuid, key))
+        if track is None:
+            self._tracks[(uuid, key)] = _Track(raw, raw, _round(raw, step))
+            return _round(raw, step)
+        return track.update(raw, self.q, band, step)
