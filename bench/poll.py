@@ -27,8 +27,8 @@ from prometheus_client import CollectorRegistry
 from gpudaemon.app import Agent
 from gpudaemon.backends.simulated import SimulatedBackend, parse_profile
 from gpudaemon.config import load_config
-from gpudaemon.labels import LabelSet
 from gpudaemon.model import GpuSample, NodeInventory
+from gpudaemon.sinks.local import NullSink
 
 TARGET_MS = 0.3
 SMI_FIELDS = (
@@ -62,16 +62,6 @@ class TimedBackend:
 
     def close(self) -> None:
         self.inner.close()
-
-
-class NullSink:
-    name = "null"
-
-    def apply(self, ls: LabelSet) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
 
 
 def profile(n: int) -> str:

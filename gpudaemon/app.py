@@ -21,7 +21,7 @@ from gpudaemon.metrics.collector import GpuCollector, PodMap
 from gpudaemon.metrics.http import HttpServer, make_app
 from gpudaemon.podresources import PodAttribution
 from gpudaemon.schedule import CronScheduler
-from gpudaemon.sinks.local import FileSink, NfdSink, StdoutSink
+from gpudaemon.sinks.local import FileSink, NfdSink, NullSink, StdoutSink
 
 
 class LabelSink(Protocol):
@@ -44,6 +44,8 @@ def make_label_sink(cfg: Config, metrics: AgentMetrics) -> LabelSink:
         return StdoutSink()
     if to == "nfd":
         return NfdSink(cfg.labels.nfd_path)
+    if to == "none":
+        return NullSink()
     if to == "apiserver":
         from gpudaemon.sinks import kube
 

@@ -59,7 +59,7 @@ class Schedules(_Section):
 
 class LabelsConfig(_Section):
     prefix: str = "gpudaemon.io/"
-    # apiserver | stdout | nfd | a file path. With no Kubernetes credentials,
+    # apiserver | stdout | nfd | none | a file path. With no Kubernetes credentials,
     # "apiserver" falls back to stdout so a laptop run still shows the labels.
     to: Annotated[str, Field(min_length=1)] = "apiserver"
     # NFD's local source reads feature files from here (mounted from the host).

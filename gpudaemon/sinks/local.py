@@ -1,4 +1,4 @@
-"""Local label outputs: stdout, a JSON file, or an NFD feature file.
+"""Local label outputs: stdout, a JSON file, an NFD feature file, or none.
 
 Each skips the write when nothing changed and writes files atomically (temp file +
 rename), so NFD's local source never reads a half-written file.
@@ -90,3 +90,16 @@ class NfdSink(_ChangeTracking):
 
     def _write(self, ls: LabelSet) -> None:
         atomic_write(self.path, "".join(f"{k}={v}\n" for k, v in sorted(ls.labels.items())))
+
+
+class NullSink:
+    """`labels.to: none`: metrics and history only, no labels anywhere."""
+
+    name = "none"
+
+    def apply(self, ls: LabelSet) -> bool:
+        _check(ls)
+        return False
+
+    def close(self) -> None:
+        pass

@@ -111,3 +111,9 @@ def test_bad_profile_file_exit_2(tmp_path: Path) -> None:
     p = gpudaemon("probe", "--simulate", str(f))
     assert p.returncode == 2 and "memory_total_mib" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_labels_to_none_runs_metrics_only() -> None:
+    p = gpudaemon("run", "--simulate", "dgx-h100", "--once", "--labels-to", "none")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "" and "labels->none" in p.stderr

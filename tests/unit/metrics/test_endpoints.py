@@ -15,8 +15,8 @@ from gpudaemon.app import Agent
 from gpudaemon.backends.simulated import FaultSpec, SimulatedBackend, load_profile
 from gpudaemon.config import Config, load_config
 from gpudaemon.errors import BackendError
-from gpudaemon.labels import LabelSet
 from gpudaemon.model import GpuSample, NodeInventory
+from gpudaemon.sinks.local import NullSink
 from tests.support import http_get
 
 
@@ -45,16 +45,6 @@ class GuardedBackend:
         if self.fail_sample:
             raise BackendError("driver gone")
         return self.inner.sample()
-
-    def close(self) -> None:
-        pass
-
-
-class NullSink:
-    name = "null"
-
-    def apply(self, ls: LabelSet) -> bool:
-        return False
 
     def close(self) -> None:
         pass
