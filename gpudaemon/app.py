@@ -203,8 +203,8 @@ class Agent:
             finally:
                 self.close()
         self.start_http()
-        # First readings straight away, so /readyz and the labels don't wait a period.
-        self.poll_inventory()
+        # First readings straight away (check_backend already took the inventory), so
+        # /readyz and the labels don't wait a period.
         self.poll_telemetry()
         self.reconcile_labels()
         self.refresh_pods()
