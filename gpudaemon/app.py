@@ -190,19 +190,24 @@ class Agent:
     def run(self, once: bool = False) -> int:
         """Run until stop_event is set (SIGTERM/SIGINT), or one cycle with once=True."""
         s = self.cfg.schedules
+        self.check_backend()
+        if not once:
+            try:
+                self.start_http()
+            except GpudaemonError:
+                self.close()
+                raise
         logger.info(
             "gpudaemon starting: node={} backend={} labels->{}",
             self.cfg.node_name,
             self.backend.name,
             self.label_sink.name,
         )
-        self.check_backend()
         if once:
             try:
                 return 0 if self.run_once() else 1
             finally:
                 self.close()
-        self.start_http()
         # First readings straight away (check_backend already took the inventory), so
         # /readyz and the labels don't wait a period.
         self.poll_telemetry()

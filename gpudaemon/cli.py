@@ -36,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--node-name", metavar="NAME", help="this Node's name (default $NODE_NAME, hostname)"
     )
-    run.add_argument("--labels-to", metavar="DEST", help="apiserver | stdout | nfd | none | a file path")
+    run.add_argument(
+        "--labels-to", metavar="DEST", help="apiserver | stdout | nfd | none | a file path"
+    )
     run.add_argument("--listen", metavar="HOST:PORT", help="metrics address (default 0.0.0.0:9445)")
     run.add_argument("--once", action="store_true", help="one full cycle, then exit 0")
     run.add_argument("--log-json", action="store_true", help="log one JSON object per line")

@@ -7,6 +7,7 @@ names the key. Each field's comment says why its default is what it is.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,6 +29,7 @@ from gpudaemon.labels.sanitize import validate_prefix
 from gpudaemon.schedule import CronError, parse_cron
 
 ENV_PREFIX = "GPUDAEMON_"
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class _Section(BaseModel):
@@ -152,7 +154,15 @@ class Config(_Section):
     @model_validator(mode="after")
     def _defaults(self) -> Config:
         if not self.node_name:
-            self.node_name = os.environ.get("NODE_NAME") or socket.gethostname()
+            # kubelet names the Node after the lower-cased hostname; do the same
+            self.node_name = os.environ.get("NODE_NAME") or socket.gethostname().lower()
+        # It goes into API paths: only a valid Node name (DNS-1123 subdomain) may.
+        if len(self.node_name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(self.node_name):
+            raise ValueError(
+                f"node_name {self.node_name!r} is not a valid Node name "
+                "(lower-case letters, digits, '-' and '.', at most 253 characters); "
+                "set it with --node-name or $NODE_NAME"
+            )
         if not self.simulate:
             self.simulate = None
         return self
@@ -219,9 +229,11 @@ def load_config(
     data: dict[str, Any] = {}
     if path:
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as e:
             raise ConfigError(f"config file {path}: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {path}: not a UTF-8 text file") from None
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as e:
@@ -241,10 +253,10 @@ def load_config(
 
 def _describe(e: ValidationError, path: str | None) -> str:
     err = e.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    loc = ".".join(str(p) for p in err["loc"])
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
     where = f"config {path}" if path else "config"
     extra = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-    return f"{where}: {loc}: {msg}{extra}"
+    return f"{where}: {loc + ': ' if loc else ''}{msg}{extra}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import tzinfo
@@ -33,10 +34,20 @@ class CronError(ValueError):
 
 
 def _dow(field_: str) -> str:
-    """Crontab counts Sunday as 0 (and 7); APScheduler 3 counts Monday as 0. Use names."""
-    if field_ in ("0-6", "0-7", "1-7"):
+    """Crontab counts Sunday as 0 (and 7); APScheduler 3 counts Monday as 0. Use names,
+    and split a range that starts on Sunday ("0-3" -> "sun,mon-wed"), since Sunday is
+    the last day of APScheduler's week."""
+    if field_ in ("0-6", "0-7", "1-7", "sun-sat"):
         return "*"
-    return re.sub(r"(?<![/\d])\d+", lambda m: _DOW_NAMES.get(int(m.group()), m.group()), field_)
+    named = re.sub(r"(?<![/\d])\d+", lambda m: _DOW_NAMES.get(int(m.group()), m.group()), field_)
+    parts = []
+    for part in named.split(","):
+        if part.startswith("sun-") and "/" not in part:
+            end = part.removeprefix("sun-")
+            parts.append("sun" if end == "sun" else f"sun,mon-{end}" if end != "mon" else "sun,mon")
+        else:
+            parts.append(part)
+    return ",".join(parts)
 
 
 def parse_cron(expr: str, timezone: tzinfo | str = "UTC") -> CronTrigger:
@@ -106,6 +117,7 @@ class CronScheduler:
             self._listen, EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED | EVENT_JOB_ERROR
         )
         self._lock = threading.Lock()
+        self._last_logged: dict[str, float] = {}
 
     def add(self, name: str, func: Callable[[], Any], cron: str) -> None:
         self._sched.add_job(func, parse_cron(cron), id=name, name=name, replace_existing=True)
@@ -124,14 +136,26 @@ class CronScheduler:
     def next_run_times(self) -> dict[str, Any]:
         return {j.id: j.next_run_time for j in self._sched.get_jobs()}
 
+    def _should_log(self, job: str, every_s: float = 60.0) -> bool:
+        now = time.monotonic()
+        if now - self._last_logged.get(job, -every_s) >= every_s:
+            self._last_logged[job] = now
+            return True
+        return False
+
     def _listen(self, event: JobSubmissionEvent | JobExecutionEvent) -> None:
         job = event.job_id
         with self._lock:
             if event.code == EVENT_JOB_MAX_INSTANCES:
                 self.stats.bump(job, "overruns")
-                logger.warning(
-                    "job {} overran its schedule: previous run still going, skipped", job
-                )
+                if self._should_log(job):  # counted every time, logged once a minute
+                    n = self.stats.by_job[job]["overruns"]
+                    logger.warning(
+                        "job {} overran its schedule: previous run still going, skipped "
+                        "({} overruns so far)",
+                        job,
+                        n,
+                    )
                 if self._on_overrun:
                     self._on_overrun(job)
             elif event.code == EVENT_JOB_MISSED:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar, cast
 
@@ -53,6 +52,8 @@ class NvmlBackend:
         self._xids: dict[int, dict[int, int]] = {}
         self._xid_unhealthy: dict[int, str] = {}
         self._warned: set[tuple[str, int]] = set()
+        self._bad_identity: set[tuple[int, str]] = set()
+        self._xid_lock = threading.Lock()  # the event thread writes, sample() reads
         self._memory_v2: bool | None = None  # probed once: nvmlDeviceGetMemoryInfo_v2 usable?
         self._field_values: bool | None = None  # probed once: nvmlDeviceGetFieldValues usable?
         self._want_xid_events = xid_events
@@ -79,9 +80,16 @@ class NvmlBackend:
             raise NvmlUnavailableError(f"NVML is not available: {e}") from None
         try:
             count = n.nvmlDeviceGetCount()
-            self._handles = [n.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         except n.NVMLError as e:
-            raise BackendError(f"cannot enumerate GPUs: {e}") from None
+            raise BackendError(f"cannot count GPUs: {e}") from None
+        self._handles = []
+        for i in range(count):
+            try:
+                self._handles.append(n.nvmlDeviceGetHandleByIndex(i))
+            except n.NVMLError as e:  # one GPU already gone must not hide the others
+                logger.error("GPU {}: no handle ({}); reporting it unhealthy", i, e)
+                self._handles.append(None)
+                self._lost.add(i)
         self._initialised = True
         if self._want_xid_events and self._handles:
             self._xid_thread = threading.Thread(
@@ -103,8 +111,16 @@ class NvmlBackend:
 
     # -- error mapping -----------------------------------------------------------
 
-    def _call(self, fn: Callable[..., T], *args: Any) -> T:
+    def _call(self, fn_name: str, *args: Any) -> Any:
+        """Call an NVML function by name; a symbol this binding or driver lacks is
+        unsupported (logged once), GPU-lost and not-supported map to our exceptions."""
         n = self._nvml
+        fn = getattr(n, fn_name, None)
+        if fn is None:
+            if (fn_name, -2) not in self._warned:
+                self._warned.add((fn_name, -2))
+                logger.info("NVML function {} not available; its readings are absent", fn_name)
+            raise _Unsupported()
         try:
             return fn(*args)
         except n.NVMLError as e:
@@ -114,10 +130,8 @@ class NvmlBackend:
             if code in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_FUNCTION_NOT_FOUND):
                 raise _Unsupported() from None
             raise
-        except AttributeError:  # an old binding without this symbol
-            raise _Unsupported() from None
 
-    def _read(self, index: int, what: str, fn: Callable[..., T], *args: Any) -> T | None:
+    def _read(self, index: int, what: str, fn: str, *args: Any) -> Any:
         """One reading: None when unsupported or failing (logged once); _Lost propagates."""
         try:
             return self._call(fn, *args)
@@ -135,17 +149,23 @@ class NvmlBackend:
         with self._lock:
             self._ensure_init()
             n = self._nvml
-            driver = self._read(-1, "driver version", n.nvmlSystemGetDriverVersion) or ""
-            cuda_int = self._read(-1, "cuda version", n.nvmlSystemGetCudaDriverVersion)
+            driver = self._read(-1, "driver version", "nvmlSystemGetDriverVersion") or ""
+            cuda_int = self._read(-1, "cuda version", "nvmlSystemGetCudaDriverVersion")
             cuda = (cuda_int // 1000, (cuda_int % 1000) // 10) if cuda_int else None
             gpus = []
             for i, h in enumerate(self._handles):
                 try:
+                    if h is None:
+                        raise _Lost()
                     info = self._gpu_info(i, h)
                     self._infos[i] = info
                     self._lost.discard(i)
-                except _Lost:
-                    self._mark_lost(i)
+                except (_Lost, _Unsupported, n.NVMLError) as e:
+                    if isinstance(e, _Lost):
+                        self._mark_lost(i)
+                    elif (i, "identity") not in self._bad_identity:
+                        self._bad_identity.add((i, "identity"))
+                        logger.error("GPU {}: cannot read its name/UUID ({}); unhealthy", i, e)
                     info = self._infos.get(i) or GpuInfo(
                         index=i,
                         uuid=f"unknown-{i}",
@@ -160,12 +180,12 @@ class NvmlBackend:
 
     def _gpu_info(self, i: int, h: Any) -> GpuInfo:
         n = self._nvml
-        name = _text(self._call(n.nvmlDeviceGetName, h))
-        uuid = _text(self._call(n.nvmlDeviceGetUUID, h))
+        name = _text(self._call("nvmlDeviceGetName", h))
+        uuid = _text(self._call("nvmlDeviceGetUUID", h))
         mem = self._memory(i, h)
-        cc = self._read(i, "compute capability", n.nvmlDeviceGetCudaComputeCapability, h)
-        pci = self._read(i, "pci info", n.nvmlDeviceGetPciInfo, h)
-        mig_mode = self._read(i, "mig mode", n.nvmlDeviceGetMigMode, h)
+        cc = self._read(i, "compute capability", "nvmlDeviceGetCudaComputeCapability", h)
+        pci = self._read(i, "pci info", "nvmlDeviceGetPciInfo", h)
+        mig_mode = self._read(i, "mig mode", "nvmlDeviceGetMigMode", h)
         mig_enabled = bool(mig_mode and mig_mode[0] == n.NVML_DEVICE_MIG_ENABLE)
         links = self._fields(i, h, [n.NVML_FI_DEV_NVLINK_LINK_COUNT]).get(
             n.NVML_FI_DEV_NVLINK_LINK_COUNT
@@ -186,23 +206,23 @@ class NvmlBackend:
     def _mig_devices(self, i: int, h: Any) -> tuple[MigDevice, ...]:
         n = self._nvml
         out = []
-        count = self._read(i, "mig count", n.nvmlDeviceGetMaxMigDeviceCount, h) or 0
+        count = self._read(i, "mig count", "nvmlDeviceGetMaxMigDeviceCount", h) or 0
         for k in range(count):
             try:
-                mh = self._call(n.nvmlDeviceGetMigDeviceHandleByIndex, h, k)
+                mh = self._call("nvmlDeviceGetMigDeviceHandleByIndex", h, k)
             except (_Unsupported, n.NVMLError):
                 continue  # empty slot
-            name = _text(self._read(i, "mig name", n.nvmlDeviceGetName, mh) or "")
+            name = _text(self._read(i, "mig name", "nvmlDeviceGetName", mh) or "")
             mem = self._memory(i, mh)
             out.append(
                 MigDevice(
-                    uuid=_text(self._call(n.nvmlDeviceGetUUID, mh)),
+                    uuid=_text(self._call("nvmlDeviceGetUUID", mh)),
                     profile=name.rsplit(" ", 1)[-1] if " " in name else name,
                     gpu_instance_id=int(
-                        self._read(i, "gi id", n.nvmlDeviceGetGpuInstanceId, mh) or 0
+                        self._read(i, "gi id", "nvmlDeviceGetGpuInstanceId", mh) or 0
                     ),
                     compute_instance_id=int(
-                        self._read(i, "ci id", n.nvmlDeviceGetComputeInstanceId, mh) or 0
+                        self._read(i, "ci id", "nvmlDeviceGetComputeInstanceId", mh) or 0
                     ),
                     memory_total_bytes=int(mem.total) if mem is not None else 0,
                 )
@@ -218,6 +238,8 @@ class NvmlBackend:
             for i, h in enumerate(self._handles):
                 uuid = self._infos[i].uuid if i in self._infos else ""
                 try:
+                    if h is None:
+                        raise _Lost()
                     out.append(self._sample_one(i, h, uuid))
                 except _Lost:
                     self._mark_lost(i)
@@ -228,20 +250,20 @@ class NvmlBackend:
                             healthy=False,
                             health_reason="gpu lost",
                             lost=True,
-                            xid_errors_total=dict(self._xids.get(i, {})),
+                            xid_errors_total=self._xid_counts(i),
                         )
                     )
             return tuple(out)
 
     def _sample_one(self, i: int, h: Any, uuid: str) -> GpuSample:
         n = self._nvml
-        util = self._read(i, "utilization", n.nvmlDeviceGetUtilizationRates, h)
+        util = self._read(i, "utilization", "nvmlDeviceGetUtilizationRates", h)
         mem = self._memory(i, h)
-        temp = self._read(i, "temperature", n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU)
-        power_mw = self._read(i, "power", n.nvmlDeviceGetPowerUsage, h)
-        sm = self._read(i, "sm clock", n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM)
-        memclk = self._read(i, "memory clock", n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_MEM)
-        procs = self._read(i, "processes", n.nvmlDeviceGetComputeRunningProcesses, h)
+        temp = self._read(i, "temperature", "nvmlDeviceGetTemperature", h, n.NVML_TEMPERATURE_GPU)
+        power_mw = self._read(i, "power", "nvmlDeviceGetPowerUsage", h)
+        sm = self._read(i, "sm clock", "nvmlDeviceGetClockInfo", h, n.NVML_CLOCK_SM)
+        memclk = self._read(i, "memory clock", "nvmlDeviceGetClockInfo", h, n.NVML_CLOCK_MEM)
+        procs = self._read(i, "processes", "nvmlDeviceGetComputeRunningProcesses", h)
         fv = self._fields(
             i,
             h,
@@ -256,7 +278,8 @@ class NvmlBackend:
         dbe = fv.get(n.NVML_FI_DEV_ECC_DBE_VOL_TOTAL)
         info = self._infos.get(i)
         migs = tuple(self._mig_sample(i, m) for m in info.mig_devices) if info else ()
-        reason = self._xid_unhealthy.get(i, "")
+        with self._xid_lock:
+            reason = self._xid_unhealthy.get(i, "")
         if dbe:
             reason = reason or "ecc uncorrected errors"
         return GpuSample(
@@ -277,14 +300,14 @@ class NvmlBackend:
             ecc_corrected_errors_total=int(sbe) if sbe is not None else None,
             ecc_uncorrected_errors_total=int(dbe) if dbe is not None else None,
             process_count=len(procs) if procs is not None else None,
-            xid_errors_total=dict(self._xids.get(i, {})),
+            xid_errors_total=self._xid_counts(i),
             mig=migs,
         )
 
     def _mig_sample(self, i: int, m: MigDevice) -> MigSample:
         n = self._nvml
         try:
-            mh = self._call(n.nvmlDeviceGetHandleByUUID, m.uuid.encode())
+            mh = self._call("nvmlDeviceGetHandleByUUID", m.uuid.encode())
         except (_Unsupported, n.NVMLError):
             return MigSample(uuid=m.uuid)
         mem = self._memory(i, mh)
@@ -299,14 +322,14 @@ class NvmlBackend:
         n = self._nvml
         if self._memory_v2 is not False:
             try:
-                mem = self._call(n.nvmlDeviceGetMemoryInfo, h, n.nvmlMemory_v2)
+                mem = self._call("nvmlDeviceGetMemoryInfo", h, n.nvmlMemory_v2)
                 self._memory_v2 = True
                 return mem
             except (_Unsupported, TypeError, n.NVMLError):
                 if self._memory_v2 is None:
                     logger.info("nvmlDeviceGetMemoryInfo_v2 unavailable; using v1")
                 self._memory_v2 = False
-        return self._read(i, "memory", n.nvmlDeviceGetMemoryInfo, h)
+        return self._read(i, "memory", "nvmlDeviceGetMemoryInfo", h)
 
     def _fields(self, i: int, h: Any, ids: list[int]) -> dict[int, float]:
         """Batched reads through nvmlDeviceGetFieldValues; absent ids are unsupported."""
@@ -314,7 +337,7 @@ class NvmlBackend:
         if self._field_values is False:
             return {}
         try:
-            values = self._call(n.nvmlDeviceGetFieldValues, h, ids)
+            values = self._call("nvmlDeviceGetFieldValues", h, ids)
         except _Unsupported:
             if self._field_values is None:
                 logger.info("nvmlDeviceGetFieldValues unavailable; energy/ECC/NVLink absent")
@@ -373,12 +396,17 @@ class NvmlBackend:
 
     def record_xid(self, index: int, xid: int) -> None:
         """Count one XID on a GPU (called by the event thread)."""
-        counts = self._xids.setdefault(index, {})
-        counts[xid] = counts.get(xid, 0) + 1
+        with self._xid_lock:
+            counts = self._xids.setdefault(index, {})
+            counts[xid] = counts.get(xid, 0) + 1
+            if is_critical_xid(xid) and index not in self._xid_unhealthy:
+                self._xid_unhealthy[index] = f"xid {xid}"
         level = "ERROR" if is_critical_xid(xid) else "WARNING"
         logger.log(level, "GPU {}: XID {} reported by the driver", index, xid)
-        if is_critical_xid(xid) and index not in self._xid_unhealthy:
-            self._xid_unhealthy[index] = f"xid {xid}"
+
+    def _xid_counts(self, index: int) -> dict[int, int]:
+        with self._xid_lock:
+            return dict(self._xids.get(index, {}))
 
 
 def _text(v: Any) -> str:

@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gpudaemon.backends.base import is_critical_xid
 from gpudaemon.errors import ProfileError
@@ -123,6 +130,24 @@ class Profile(_Strict):
     def _as_str(cls, v: Any) -> str:
         return str(v)
 
+    @field_validator("cuda_version")
+    @classmethod
+    def _cuda(cls, v: str) -> str:
+        major, _, minor = v.partition(".")
+        if not major.isdigit() or not (minor == "" or minor.isdigit()):
+            raise ValueError(f"must look like '12.4', got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _faults_name_a_gpu(self) -> Profile:
+        count = sum(g.count for g in self.gpus)
+        for i, f in enumerate(self.faults):
+            if f.gpu is None or not 0 <= f.gpu < count:
+                raise ValueError(
+                    f"faults[{i}]: node-level faults need 'gpu' set to an index 0..{count - 1}"
+                )
+        return self
+
 
 def list_profiles() -> tuple[str, ...]:
     return BUILTIN_PROFILES
@@ -143,9 +168,11 @@ def load_profile(name_or_path: str) -> Profile:
                 f"({', '.join(BUILTIN_PROFILES)}) and no such file"
             )
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except OSError as e:
             raise ProfileError(f"cannot read profile {path}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise ProfileError(f"profile {path}: not a UTF-8 text file") from None
         source = str(path)
     return parse_profile(text, source)
 
@@ -162,7 +189,8 @@ def parse_profile(text: str, source: str = "inline") -> Profile:
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
-        raise ProfileError(f"profile {source}: {loc}: {err['msg']}") from None
+        msg = err["msg"].removeprefix("Value error, ")
+        raise ProfileError(f"profile {source}: {loc + ': ' if loc else ''}{msg}") from None
 
 
 def _one_line(s: str) -> str:

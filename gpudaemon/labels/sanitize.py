@@ -18,9 +18,11 @@ def sanitize_value(raw: object) -> str:
     """A valid label value for anything.
 
     Spaces become '-' (the GPU Feature Discovery convention, so
-    "NVIDIA H100 80GB HBM3" -> "NVIDIA-H100-80GB-HBM3"). Any other change (other
-    characters, bad ends, over 63 characters) is lossy, so the value gets a short hash
-    of the original: two different names never clean to the same value.
+    "NVIDIA H100 80GB HBM3" -> "NVIDIA-H100-80GB-HBM3", the value nodeSelectors in the
+    wild use). Any other change (other characters, bad ends, over 63 characters) is
+    lossy, so the value gets a short hash of the original, and two names that differ in
+    anything but space-versus-hyphen never clean to the same value. Space and hyphen
+    are one character by design: "A B" and "A-B" both give "A-B".
     """
     if isinstance(raw, bool):
         return "true" if raw else "false"

@@ -13,6 +13,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import choose_encoder
 
+from gpudaemon.errors import UsageError
 from gpudaemon.metrics.collector import GpuCollector, without_gpus
 
 StartResponse = Callable[..., Any]
@@ -89,13 +90,17 @@ class HttpServer:
 
     def __init__(self, listen: str, app: Callable[..., Iterable[bytes]]) -> None:
         host, _, port = listen.rpartition(":")
-        self._server = make_server(
-            host.strip("[]") or "0.0.0.0",
-            int(port),
-            app,
-            server_class=_ThreadingServer,
-            handler_class=_QuietHandler,
-        )
+        try:
+            self._server = make_server(
+                host.strip("[]") or "0.0.0.0",
+                int(port),
+                app,
+                server_class=_ThreadingServer,
+                handler_class=_QuietHandler,
+            )
+        except OSError as e:  # address in use, unknown host, not an address of this host
+            reason = e.strerror or str(e)
+            raise UsageError(f"metrics.listen: cannot listen on {listen}: {reason}") from None
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(
             target=self._server.serve_forever,

@@ -66,6 +66,8 @@ class FakeNvml:
         self.field_values = field_values
         self.calls: list[str] = []
         self.shutdowns = 0
+        self.no_handle: set[int] = set()  # indices whose handle lookup fails
+        self.identity_error: set[int] = set()  # indices whose name read fails (not lost)
 
     def _gpu(self, h: Any, fn: str) -> FakeGpu:
         self.calls.append(fn)
@@ -87,6 +89,8 @@ class FakeNvml:
         return len(self.gpus)
 
     def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        if i in self.no_handle:
+            raise NVMLError(real.NVML_ERROR_GPU_IS_LOST)
         return i
 
     def nvmlSystemGetDriverVersion(self) -> str:
@@ -96,6 +100,8 @@ class FakeNvml:
         return 12040
 
     def nvmlDeviceGetName(self, h: int) -> str:
+        if h in self.identity_error:
+            raise NVMLError(real.NVML_ERROR_UNKNOWN)
         return self._gpu(h, "nvmlDeviceGetName").name
 
     def nvmlDeviceGetUUID(self, h: int) -> str:

@@ -67,17 +67,45 @@ def test_version() -> None:
     assert p.returncode == 0 and p.stdout.startswith("gpudaemon ")
 
 
+def _nvml_present() -> bool:
+    from gpudaemon.backends.nvml import NvmlBackend
+    from gpudaemon.errors import GpudaemonError
+
+    try:
+        NvmlBackend(xid_events=False).inventory()
+    except GpudaemonError:
+        return False
+    return True
+
+
+NEEDS_NO_NVML = pytest.mark.skipif(
+    _nvml_present(), reason="this machine has NVML: the missing-driver path cannot happen here"
+)
+
 BAD = [
     (["run", "--bogus"], "unrecognized arguments"),
     (["probe", "--format", "xml"], "invalid choice"),
     (["probe", "--simulate", "no-such-profile"], "unknown simulation profile"),
     (["run", "--simulate", "no-such-profile", "--once"], "unknown simulation profile"),
-    (["run", "--once", "--labels-to", "stdout"], "NVML is not available"),
-    (["probe"], "NVML is not available"),
+    pytest.param(
+        ["run", "--once", "--labels-to", "stdout"], "NVML is not available", marks=NEEDS_NO_NVML
+    ),
+    pytest.param(["probe"], "NVML is not available", marks=NEEDS_NO_NVML),
     (["run", "--config", "/nonexistent.yaml"], "No such file"),
+    (["run", "--config", "/bin/sh"], "not a UTF-8 text file"),
+    (["probe", "--simulate", "/bin/sh"], "not a UTF-8 text file"),
     (["run", "--listen", "nowhere", "--simulate", "dgx-h100"], "metrics.listen"),
+    (
+        ["run", "--listen", "300.1.1.1:9999", "--simulate", "dgx-h100", "--labels-to", "none"],
+        "metrics.listen: cannot listen on 300.1.1.1:9999",
+    ),
     (["run", "--seed", "abc"], "invalid int value"),
     (["probe", "--simulate", "dgx-h100", "--prefix", "Not A Prefix"], "--prefix"),
+    (
+        ["run", "--simulate", "dgx-h100", "--once", "--node-name", "a/status"],
+        "not a valid Node name",
+    ),
+    (["run", "--simulate", "dgx-h100", "--once", "--node-name", "Node_1"], "not a valid Node name"),
 ]
 
 
@@ -85,9 +113,52 @@ BAD = [
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
     p = gpudaemon(*args)
     assert p.returncode == 2, (p.returncode, p.stderr)
-    errors = [line for line in p.stderr.splitlines() if "error" in line.lower()]
-    assert len(errors) == 1 and message in errors[0], p.stderr
-    assert "Traceback" not in p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], p.stderr
+    assert lines[0].startswith(
+        ("gpudaemon: error:", "gpudaemon run: error:", "gpudaemon probe: error:")
+    )
+
+
+def test_listen_address_in_use_is_exit_2(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p = gpudaemon(
+            "run", "--simulate", "dgx-h100", "--labels-to", "none", "--listen", f"127.0.0.1:{port}"
+        )
+    assert p.returncode == 2 and "Address already in use" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("profile", "message"),
+    [
+        (
+            "gpus: [{name: X, memory_total_mib: 1, compute_capability: '9.0'}]\ncuda_version: '12.x'",
+            "cuda_version: must look like",
+        ),
+        (
+            "gpus: [{name: X, memory_total_mib: 1, compute_capability: '9.0'}]\nfaults: [{kind: lost}]",
+            "faults[0]: node-level faults need 'gpu'",
+        ),
+        (
+            "gpus: [{name: X, memory_total_mib: 1, compute_capability: '9.0', count: 2}]\n"
+            "faults: [{kind: lost, gpu: 2}]",
+            "index 0..1",
+        ),
+    ],
+)
+def test_bad_profile_values_exit_2(tmp_path: Path, profile: str, message: str) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text(profile)
+    for cmd in (["probe", "--simulate", str(f)], ["run", "--once", "--simulate", str(f)]):
+        p = gpudaemon(*cmd)
+        assert p.returncode == 2 and message in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
 
 
 @pytest.mark.parametrize(

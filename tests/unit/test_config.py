@@ -101,3 +101,17 @@ def test_bad_config_is_one_line_naming_the_key(
 def test_missing_config_file() -> None:
     with pytest.raises(ConfigError, match="No such file"):
         load_config("/nonexistent/gpudaemon.yaml", environ={})
+
+
+def test_node_name_from_hostname_is_lower_cased(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    monkeypatch.setattr(socket, "gethostname", lambda: "GPU-Node-7")
+    assert load_config(environ={}).node_name == "gpu-node-7"
+
+
+@pytest.mark.parametrize("name", ["a/status", "Node_1", "x?y", "-lead", "a" * 254])
+def test_invalid_node_names_are_refused(name: str) -> None:
+    with pytest.raises(ConfigError, match="not a valid Node name"):
+        load_config(environ={}, overrides={"node_name": name})

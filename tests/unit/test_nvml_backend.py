@@ -118,3 +118,28 @@ def test_close_shuts_nvml_down_once() -> None:
     b.close()
     b.close()
     assert fake.shutdowns == 1
+
+
+def test_a_gpu_without_a_handle_at_start_does_not_hide_the_others() -> None:
+    fake = FakeNvml([FakeGpu(uuid=f"GPU-{i}") for i in range(3)])
+    fake.no_handle.add(1)
+    b = backend(fake)
+    inv = b.inventory()
+    assert [g.uuid for g in inv.gpus] == ["GPU-0", "unknown-1", "GPU-2"]
+    assert [s.healthy for s in b.sample()] == [True, False, True]
+
+
+def test_an_unreadable_gpu_identity_is_contained_not_raised() -> None:
+    fake = FakeNvml([FakeGpu(uuid=f"GPU-{i}") for i in range(2)])
+    fake.identity_error.add(0)
+    inv = backend(fake).inventory()
+    assert inv.gpus[0].name == "unknown" and inv.gpus[1].uuid == "GPU-1"
+
+
+def test_a_function_missing_from_the_binding_is_unsupported_not_an_error() -> None:
+    fake = FakeNvml([FakeGpu()])
+    fake.nvmlDeviceGetPowerUsage = None  # type: ignore[assignment,method-assign]
+    b = backend(fake)
+    b.inventory()
+    s = b.sample()[0]
+    assert s.power_watts is None and s.temperature_celsius == 51.0

@@ -69,3 +69,11 @@ def test_labels_refuse_invalid_names_and_prefixes() -> None:
     with pytest.raises(ValueError):
         Labels("Not A Prefix", {"gpu.count": 1})
     assert dict(Labels("example.com/", {"gpu.count": 8})) == {"example.com/gpu.count": "8"}
+
+
+def test_space_and_hyphen_are_the_same_character_by_design() -> None:
+    """GFD-compatible values win over telling "A B" from "A-B": no real GPU name pair
+    differs only there, and every nodeSelector written for GFD keeps working."""
+    assert sanitize_value("NVIDIA H100 80GB HBM3") == sanitize_value("NVIDIA-H100-80GB-HBM3")
+    assert sanitize_value("NVIDIA H100 80GB HBM3") != sanitize_value("NVIDIA H100 80GB HBM3 ")
+    assert sanitize_value("NVIDIA H100 80GB HBM3") != sanitize_value("NVIDIA_H100_80GB_HBM3")

@@ -40,6 +40,9 @@ def test_weekday_numbers_follow_crontab_sunday_is_zero() -> None:
     assert fires("0 12 * * 1", 1)[0].weekday() == 0
     assert fires("0 12 * * 1-5", 1)[0].weekday() == 0
     assert fires("0 12 * * 0-6", 1)[0].date() == T0.date()
+    # ranges that start on Sunday (the end of APScheduler's week) still work
+    assert [t.weekday() for t in fires("0 12 * * 0-3", 4)] == [6, 0, 1, 2]
+    assert [t.weekday() for t in fires("0 12 * * sun-tue", 3)] == [6, 0, 1]
 
 
 @pytest.mark.parametrize(
