@@ -17,6 +17,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=utility
+# The InfluxDB spool's default directory, writable by the agent's user. Under a
+# read-only root filesystem mount a volume here instead (docs/influxdb.md): without a
+# writable spool, `gpudaemon run` with influxdb.url set exits 2 rather than lose points.
+RUN mkdir -p /var/lib/gpudaemon/spool && chown -R 65532:65532 /var/lib/gpudaemon
 USER 65532:65532
 EXPOSE 9445 9446
 ENTRYPOINT ["gpudaemon"]

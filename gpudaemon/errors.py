@@ -52,7 +52,16 @@ class InfluxWriteError(HistoryError):
 
 
 class SpoolError(HistoryError):
-    """The on-disk spool could not be opened, written or read."""
+    """The on-disk spool could not be opened, written or read. `reason` is the OS's
+    words (e.g. "Read-only file system"), for messages that name the path themselves."""
+
+    def __init__(self, detail: str, reason: str = "") -> None:
+        super().__init__(detail)
+        self.reason = reason or detail
+
+
+class SpoolLockedError(SpoolError):
+    """Another process holds the spool directory's lock."""
 
 
 class APIError(SinkError):

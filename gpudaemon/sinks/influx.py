@@ -27,7 +27,7 @@ from loguru import logger
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpudaemon.config import Config
-from gpudaemon.errors import ConfigError, InfluxWriteError, SpoolError
+from gpudaemon.errors import ConfigError, InfluxWriteError, SpoolError, SpoolLockedError
 from gpudaemon.metrics.catalogue import GPU_METRICS, HEALTHY, XID_ERRORS
 from gpudaemon.model import GpuSample, Snapshot
 from gpudaemon.sinks.spool import Spool
@@ -148,6 +148,13 @@ class InfluxMetrics:
             ["kind"],
             registry=registry,
         )
+        self.spool_healthy = Gauge(
+            "gpudaemon_influxdb_spool_healthy",
+            "1 while the on-disk spool takes writes, 0 after a spool I/O error (disk full, "
+            "EIO) until a later write or probe succeeds; points that could not be spooled "
+            'are in points_dropped_total{reason="spool_error"}.',
+            registry=registry,
+        )
         self.last_success_timestamp_seconds = Gauge(
             "gpudaemon_influxdb_last_success_timestamp_seconds",
             "UNIX time of the last write InfluxDB accepted.",
@@ -221,6 +228,27 @@ def lines_for(snap: Snapshot, node: str) -> list[str]:
     return out
 
 
+def open_spool(spool_dir: str, max_bytes: int) -> Spool:
+    """The spool, or a ConfigError (exit 2) naming the key, the path, the OS reason and
+    the fix: without a spool every point InfluxDB cannot take at once would be lost."""
+    try:
+        return Spool(spool_dir, max_bytes)
+    except SpoolLockedError as e:
+        fix = "stop the other agent, or give each agent its own influxdb.spool_dir"
+        reason = e.reason
+    except SpoolError as e:
+        fix = (
+            "mount a writable volume there (emptyDir, or hostPath to survive pod "
+            "re-creation) or set influxdb.spool_dir (GPUDAEMON_INFLUXDB__SPOOL_DIR) "
+            "to a writable directory"
+        )
+        reason = e.reason
+    raise ConfigError(
+        f"influxdb.spool_dir {spool_dir} is not usable ({reason}); points InfluxDB cannot "
+        f"take at once would be lost: {fix}"
+    )
+
+
 class InfluxWriter:
     """The history sink: `write(snapshot)` on the history schedule, `close()` at exit."""
 
@@ -247,18 +275,20 @@ class InfluxWriter:
         self._last_log = -LOG_REPEAT_SECONDS
         self._last_drop_log: dict[str, float] = {}
         self._dropped: dict[str, int] = {}
-        self.transport: Transport = transport or ClientTransport(
-            ic.url, cfg.influx_token(), ic.org, ic.bucket, ic.timeout_ms
-        )
+        self._spool_ok = True
+        self._spool_ops: list[bool] = []  # outcomes of this cycle's spool operations
+        self._last_spool_log = -LOG_REPEAT_SECONDS
         spool_dir = ic.spool_dir or DEFAULT_SPOOL_DIR
-        self.spool: Spool | None = None
+        self.spool = open_spool(spool_dir, ic.spool_max_bytes)
         try:
-            self.spool = Spool(spool_dir, ic.spool_max_bytes)
-        except SpoolError as e:
-            logger.error(
-                "InfluxDB spool unavailable, points InfluxDB cannot take now will be lost: {}", e
+            self.transport: Transport = transport or ClientTransport(
+                ic.url, cfg.influx_token(), ic.org, ic.bucket, ic.timeout_ms
             )
-        if self.spool is not None and self.spool.points:
+        except BaseException:
+            self.spool.close()
+            raise
+        self.metrics.spool_healthy.set(1)
+        if self.spool.points:
             logger.info(
                 "InfluxDB spool {} holds {} points from an earlier run; replaying them first",
                 spool_dir,
@@ -288,6 +318,7 @@ class InfluxWriter:
                     self._send_new(lines)
                 else:
                     self._spool(lines)  # keep the order: older points are still waiting
+            self._settle_spool_health()
             self._update_gauges()
 
     def _send_new(self, lines: list[str]) -> None:
@@ -302,8 +333,6 @@ class InfluxWriter:
     def _replay(self, budget_bytes: int) -> Literal["empty", "more", "failed"]:
         """Send spooled segments oldest first, stopping at the first failure or when
         the budget is spent."""
-        if self.spool is None:
-            return "empty"
         sent = 0
         try:
             while (seg := self.spool.oldest()) is not None and sent < budget_bytes:
@@ -320,12 +349,12 @@ class InfluxWriter:
                         f"InfluxDB rejected {seg.points} spooled points: {e}",
                     )
                 self.spool.remove(seg)
+                self._spool_ops.append(True)
                 sent += len(body)
                 if self.spool.oldest() is None:
                     logger.info("InfluxDB spool drained: every spooled point is written")
         except SpoolError as e:
-            self.metrics.write_errors.labels("spool").inc()
-            logger.error("InfluxDB spool: {}", e)
+            self._spool_failed(e)
             return "failed"
         return "empty" if self.spool.oldest() is None else "more"
 
@@ -342,20 +371,18 @@ class InfluxWriter:
             logger.info(
                 "InfluxDB {} accepts writes again; {} points spooled",
                 self.url,
-                self.spool.points if self.spool else 0,
+                self.spool.points,
             )
             self._failing = None
 
     def _spool(self, lines: list[str]) -> None:
-        if self.spool is None:
-            self._drop("spool_error", len(lines), f"no spool: lost {len(lines)} points")
-            return
         try:
             dropped = self.spool.append(lines)
         except SpoolError as e:
-            self.metrics.write_errors.labels("spool").inc()
+            self._spool_failed(e)
             self._drop("spool_error", len(lines), f"cannot spool {len(lines)} points: {e}")
             return
+        self._spool_ops.append(True)
         if dropped:
             self._drop(
                 "overflow",
@@ -363,6 +390,35 @@ class InfluxWriter:
                 f"InfluxDB spool over its bound of {self.spool.max_bytes} bytes: "
                 f"dropped the {dropped} oldest points",
             )
+
+    def _spool_failed(self, e: SpoolError) -> None:
+        self.metrics.write_errors.labels("spool").inc()
+        self._spool_ops.append(False)
+        now = self._monotonic()
+        first = self._spool_ok and self._spool_ops.count(False) == 1  # since it was healthy
+        if first or now - self._last_spool_log >= LOG_REPEAT_SECONDS:
+            logger.error("InfluxDB spool: {}", e)
+            self._last_spool_log = now
+
+    def _settle_spool_health(self) -> None:
+        """Healthy unless a spool operation failed this cycle. A cycle that needed no
+        spool (InfluxDB up, nothing waiting) probes it while it is marked unhealthy, so
+        the gauge clears once the disk is fixed rather than at the next outage."""
+        ops, self._spool_ops = self._spool_ops, []
+        if not ops and not self._spool_ok:
+            try:
+                self.spool.probe()
+                ops = [True]
+            except SpoolError as e:
+                self._spool_failed(e)
+                ops, self._spool_ops = self._spool_ops, []
+        if not ops:
+            return
+        ok = all(ops)
+        if ok and not self._spool_ok:
+            logger.info("InfluxDB spool {} takes writes again", self.spool.dir)
+        self._spool_ok = ok
+        self.metrics.spool_healthy.set(1 if ok else 0)
 
     def _drop(self, reason: str, points: int, message: str) -> None:
         """Count every dropped point; log the first drop of a kind, then at most every
@@ -383,14 +439,14 @@ class InfluxWriter:
                 self.url,
                 e.kind,
                 e,
-                self.spool.points if self.spool else 0,
+                self.spool.points,
             )
             self._last_log = now
         self._failing = e.kind
 
     def _update_gauges(self) -> None:
-        self.metrics.points_spooled.set(self.spool.points if self.spool else 0)
-        self.metrics.spool_bytes.set(self.spool.size_bytes if self.spool else 0)
+        self.metrics.points_spooled.set(self.spool.points)
+        self.metrics.spool_bytes.set(self.spool.size_bytes)
 
     # -- shutdown ----------------------------------------------------------------
 
@@ -403,7 +459,7 @@ class InfluxWriter:
                 if self._replay(self.replay_bytes_per_cycle) != "more":
                     break
             self._update_gauges()
-            if self.spool is not None and self.spool.points:
+            if self.spool.points:
                 logger.warning(
                     "stopping with {} points in the InfluxDB spool; they are written after "
                     "the next start",
@@ -413,5 +469,4 @@ class InfluxWriter:
                 self.transport.close()
             except Exception as e:
                 logger.error("closing the InfluxDB client: {}", type(e).__name__)
-            if self.spool is not None:
-                self.spool.close()
+            self.spool.close()

@@ -14,6 +14,7 @@ the points in them are reported to the caller, who counts and logs them.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
@@ -21,9 +22,15 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpudaemon.errors import SpoolError
+from gpudaemon.errors import SpoolError, SpoolLockedError
 
 _SEGMENT = re.compile(r"^seg-(\d{20})\.lp$")
+_PROBE = ".probe"
+
+
+def _error(path: Path, e: OSError) -> SpoolError:
+    reason = e.strerror or str(e)
+    return SpoolError(f"spool {path}: {reason}", reason)
 
 
 @dataclass
@@ -46,16 +53,23 @@ class Spool:
         self._segments: deque[Segment] = deque()
         self._lock_fd: int | None = None
         try:
+            if self.dir.exists() and not self.dir.is_dir():  # mkdir would say "File exists"
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
             self.dir.mkdir(parents=True, exist_ok=True)
             self._lock_fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._load()
         except BlockingIOError:
             self._close_lock()
-            raise SpoolError(f"spool {self.dir} is in use by another process") from None
+            raise SpoolLockedError(
+                f"spool {self.dir} is in use by another process", "in use by another process"
+            ) from None
         except OSError as e:
             self._close_lock()
-            raise SpoolError(f"spool {self.dir}: {e.strerror or e}") from None
-        self._load()
+            raise _error(self.dir, e) from None
+        except SpoolError:
+            self._close_lock()
+            raise
 
     # -- state -------------------------------------------------------------------
 
@@ -80,7 +94,7 @@ class Spool:
             try:
                 data = p.read_bytes()
             except OSError as e:
-                raise SpoolError(f"spool {p}: {e.strerror or e}") from None
+                raise _error(p, e) from None
             if data and not data.endswith(b"\n"):
                 data = data[: data.rfind(b"\n") + 1]
                 with open(p, "r+b") as f:
@@ -119,7 +133,7 @@ class Spool:
             if new:
                 self._fsync_dir()
         except OSError as e:
-            raise SpoolError(f"spool {seg.path}: {e.strerror or e}") from None
+            raise _error(seg.path, e) from None
         if new:
             self._segments.append(seg)
         seg.size_bytes += len(data)
@@ -151,7 +165,7 @@ class Spool:
         try:
             return seg.path.read_bytes()
         except OSError as e:
-            raise SpoolError(f"spool {seg.path}: {e.strerror or e}") from None
+            raise _error(seg.path, e) from None
 
     def remove(self, seg: Segment) -> None:
         """Forget a segment InfluxDB accepted (or rejected for good)."""
@@ -165,7 +179,7 @@ class Spool:
         try:
             seg.path.unlink(missing_ok=True)
         except OSError as e:
-            raise SpoolError(f"spool {seg.path}: {e.strerror or e}") from None
+            raise _error(seg.path, e) from None
 
     def _fsync_dir(self) -> None:
         fd = os.open(self.dir, os.O_RDONLY)
@@ -173,6 +187,23 @@ class Spool:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    def probe(self) -> None:
+        """Check that the directory takes a durable write again (after a disk-full or
+        I/O error), without touching the segments."""
+        path = self.dir / _PROBE
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, b"\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            path.unlink()
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+            raise _error(path, e) from None
 
     # -- lifecycle ---------------------------------------------------------------
 

@@ -5,6 +5,7 @@ tests/integration/influx."""
 from __future__ import annotations
 
 import re
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -230,12 +231,94 @@ def test_close_with_influxdb_down_keeps_the_spool(tmp_path: Path) -> None:
     assert len(list((tmp_path / "spool").glob("seg-*.lp"))) == 1
 
 
-def test_unusable_spool_dir_is_logged_and_points_counted_as_dropped(tmp_path: Path) -> None:
-    (tmp_path / "spool").write_text("a file, not a directory")
+@pytest.mark.parametrize(
+    ("spool_dir", "reason"),
+    [
+        ("file", "Not a directory"),  # an existing regular file
+        ("file/spool", "Not a directory"),  # cannot be created under a file
+    ],
+)
+def test_unusable_spool_dir_at_start_is_a_config_error_naming_key_path_and_reason(
+    tmp_path: Path, spool_dir: str, reason: str
+) -> None:
+    (tmp_path / "file").write_text("a file, not a directory")
+    path = tmp_path / spool_dir
+    with pytest.raises(ConfigError) as e:
+        InfluxWriter(cfg(tmp_path, spool_dir=str(path)), CollectorRegistry(), FakeTransport())
+    msg = str(e.value)
+    assert f"influxdb.spool_dir {path} is not usable ({reason})" in msg
+    assert "mount a writable volume" in msg and "\n" not in msg
+
+
+def test_spool_locked_by_another_agent_is_a_config_error(tmp_path: Path) -> None:
+    first = Rig(tmp_path)
+    with pytest.raises(ConfigError, match=r"in use by another process.*own influxdb\.spool_dir"):
+        InfluxWriter(first.cfg, CollectorRegistry(), FakeTransport())
+    first.writer.close()
+    InfluxWriter(first.cfg, CollectorRegistry(), FakeTransport()).close()  # lock released
+
+
+def _break_spool(tmp_path: Path) -> None:
+    """The spool directory stops taking writes, as with a full disk or an I/O error:
+    appends and reads fail with a real OSError (ENOTDIR) until _mend_spool."""
+    shutil.rmtree(tmp_path / "spool")
+    (tmp_path / "spool").write_text("")
+
+
+def _mend_spool(tmp_path: Path) -> None:
+    (tmp_path / "spool").unlink()
+    (tmp_path / "spool").mkdir()
+
+
+def test_spool_failing_later_keeps_running_counts_drops_and_clears_the_gauge(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path)
+    assert rig.metric("gpudaemon_influxdb_spool_healthy") == 1
+    rig.transport.fail = "unreachable"
+    _break_spool(tmp_path)
+    rig.cycle()
+    rig.cycle()
+    assert rig.metric("gpudaemon_influxdb_spool_healthy") == 0
+    assert rig.metric("gpudaemon_influxdb_points_dropped_total", reason="spool_error") == 16
+    assert rig.metric("gpudaemon_influxdb_write_errors_total", kind="spool") == 2
+
+    rig.transport.fail = None  # InfluxDB is back: nothing needs the spool, so it is probed
+    rig.cycle()
+    assert rig.metric("gpudaemon_influxdb_spool_healthy") == 0  # still broken
+    assert rig.metric("gpudaemon_influxdb_points_written_total") == 8
+    _mend_spool(tmp_path)
+    rig.cycle()
+    assert rig.metric("gpudaemon_influxdb_spool_healthy") == 1
+    assert [p.name for p in (tmp_path / "spool").iterdir()] == []  # the probe cleans up
+
+
+def test_spool_error_during_replay_marks_the_spool_unhealthy(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
     rig.transport.fail = "unreachable"
-    rig.cycle()
+    rig.cycle()  # 8 points wait in the spool
+    rig.transport.fail = None
+    _break_spool(tmp_path)
+    rig.cycle()  # the replay cannot read them; the new points cannot be spooled either
+    assert rig.metric("gpudaemon_influxdb_spool_healthy") == 0
     assert rig.metric("gpudaemon_influxdb_points_dropped_total", reason="spool_error") == 8
+
+
+def test_a_spool_that_keeps_failing_is_one_log_line_per_repeat_interval(tmp_path: Path) -> None:
+    from loguru import logger
+
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="WARNING")
+    try:
+        rig = Rig(tmp_path)
+        rig.transport.fail = "unreachable"
+        _break_spool(tmp_path)
+        for _ in range(5):
+            rig.cycle()
+    finally:
+        logger.remove(sink)
+    assert rig.metric("gpudaemon_influxdb_points_dropped_total", reason="spool_error") == 40
+    assert len([line for line in lines if "Not a directory" in line]) == 2  # error + drop
 
 
 def test_bucket_is_required(tmp_path: Path) -> None:

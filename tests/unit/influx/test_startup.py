@@ -1,0 +1,51 @@
+"""`gpudaemon run` with history on and a spool it cannot use: a real subprocess must
+refuse to start (exit 2, one line, no traceback) rather than lose points silently."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+LOCAL = ("--labels-to", "none")
+
+
+def run_once(spool_dir: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUDAEMON_")}
+    env.update(
+        KUBECONFIG="/nonexistent",
+        GPUDAEMON_INFLUXDB__URL="http://127.0.0.1:9",  # discard: nothing listens
+        GPUDAEMON_INFLUXDB__BUCKET="gpus",
+        GPUDAEMON_INFLUXDB__SPOOL_DIR=str(spool_dir),
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "gpudaemon", "run", "--once", "--simulate", "dgx-h100", *LOCAL],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def test_unusable_spool_dir_exits_2_with_one_line_naming_key_path_reason_and_fix(
+    tmp_path: Path,
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("a regular file")
+    spool = blocker / "spool"
+    proc = run_once(spool)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    (line,) = lines
+    assert line.startswith(f"gpudaemon: error: influxdb.spool_dir {spool} is not usable")
+    assert "(Not a directory)" in line
+    assert "mount a writable volume" in line and "set influxdb.spool_dir" in line
+
+
+def test_usable_spool_dir_keeps_what_influxdb_cannot_take(tmp_path: Path) -> None:
+    proc = run_once(tmp_path / "spool")
+    assert proc.returncode == 0, proc.stderr
+    assert list((tmp_path / "spool").glob("seg-*.lp"))  # port 9 refused: spooled, not lost
