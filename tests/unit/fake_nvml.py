@@ -85,6 +85,30 @@ class FakeNvml:
     def nvmlShutdown(self) -> None:
         self.shutdowns += 1
 
+    # XID events: queue (device index, xid) pairs in `events`; waits time out when empty.
+    events: list[tuple[int, int]]
+
+    def nvmlEventSetCreate(self) -> str:
+        self.__dict__.setdefault("events", [])
+        return "evset"
+
+    def nvmlDeviceRegisterEvents(self, h: int, types: int, evset: str) -> None:
+        self.calls.append(f"register:{h}")
+
+    def nvmlEventSetWait(self, evset: str, timeout_ms: int) -> Any:
+        import time
+
+        if self.__dict__.get("events"):
+            h, xid = self.events.pop(0)
+            return SimpleNamespace(
+                device=h, eventType=real.nvmlEventTypeXidCriticalError, eventData=xid
+            )
+        time.sleep(min(timeout_ms, 20) / 1000)
+        raise NVMLError(real.NVML_ERROR_TIMEOUT)
+
+    def nvmlEventSetFree(self, evset: str) -> None:
+        self.calls.append("evset-free")
+
     def nvmlDeviceGetCount(self) -> int:
         return len(self.gpus)
 

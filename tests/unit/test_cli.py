@@ -188,3 +188,11 @@ def test_labels_to_none_runs_metrics_only() -> None:
     p = gpudaemon("run", "--simulate", "dgx-h100", "--once", "--labels-to", "none")
     assert p.returncode == 0, p.stderr
     assert p.stdout == "" and "labels->none" in p.stderr
+
+
+def test_log_json_writes_one_json_object_per_line() -> None:
+    p = gpudaemon("run", "--simulate", "dgx-h100", "--once", "--labels-to", "none", "--log-json")
+    assert p.returncode == 0, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert lines and all(json.loads(line)["record"]["level"]["name"] for line in lines)
+    assert any("gpudaemon starting" in json.loads(line)["text"] for line in lines)

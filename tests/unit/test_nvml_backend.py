@@ -143,3 +143,22 @@ def test_a_function_missing_from_the_binding_is_unsupported_not_an_error() -> No
     b.inventory()
     s = b.sample()[0]
     assert s.power_watts is None and s.temperature_celsius == 51.0
+
+
+def test_the_xid_thread_counts_driver_events_and_stops_on_close() -> None:
+    import time
+
+    fake = FakeNvml([FakeGpu(uuid="GPU-0"), FakeGpu(uuid="GPU-1")])
+    b = NvmlBackend(nvml=fake, xid_events=True)  # type: ignore[arg-type]
+    b.inventory()
+    fake.events += [(1, 79), (0, 13)]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and fake.events:
+        time.sleep(0.02)
+    time.sleep(0.05)
+    s = b.sample()
+    assert s[1].xid_errors_total == {79: 1} and not s[1].healthy
+    assert s[0].xid_errors_total == {13: 1} and s[0].healthy
+    assert "register:0" in fake.calls and "register:1" in fake.calls
+    b.close()
+    assert "evset-free" in fake.calls and fake.shutdowns == 1
