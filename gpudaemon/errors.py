@@ -26,14 +26,6 @@ class NvmlUnavailableError(BackendError, UsageError):
     """NVML cannot be loaded (no library, no driver): a usage problem on this host."""
 
 
-class GpuLostError(BackendError):
-    """One GPU fell off the bus (NVML_ERROR_GPU_IS_LOST)."""
-
-    def __init__(self, index: int, detail: str = "GPU is lost") -> None:
-        super().__init__(f"GPU {index}: {detail}")
-        self.index = index
-
-
 class SinkError(GpudaemonError):
     """A label/annotation output could not be written."""
 

@@ -78,17 +78,14 @@ def parse_cron(expr: str, timezone: tzinfo | str = "UTC") -> CronTrigger:
 
 @dataclass
 class JobStats:
-    """Per-job counters the scheduler keeps; the metrics collector reads them."""
+    """Per-job counts of overruns, misses and errors (for logs and tests; the agent's
+    metrics count overruns through the on_overrun callback)."""
 
-    overruns: int = 0
-    misses: int = 0
-    errors: int = 0
     by_job: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def bump(self, job: str, what: str) -> None:
         d = self.by_job.setdefault(job, {"overruns": 0, "misses": 0, "errors": 0})
         d[what] += 1
-        setattr(self, what, getattr(self, what) + 1)
 
 
 class CronScheduler:
@@ -125,16 +122,10 @@ class CronScheduler:
     def start(self) -> None:
         self._sched.start()
 
-    def pause(self) -> None:
-        self._sched.pause()
-
     def shutdown(self, wait: bool = True) -> None:
         """Stop firing new runs; with wait=True let the running ones finish."""
         if self._sched.running:
             self._sched.shutdown(wait=wait)
-
-    def next_run_times(self) -> dict[str, Any]:
-        return {j.id: j.next_run_time for j in self._sched.get_jobs()}
 
     def _should_log(self, job: str, every_s: float = 60.0) -> bool:
         now = time.monotonic()

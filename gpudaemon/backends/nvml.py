@@ -10,15 +10,13 @@ from __future__ import annotations
 import contextlib
 import threading
 from types import ModuleType
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from loguru import logger
 
 from gpudaemon.backends.base import is_critical_xid
 from gpudaemon.errors import BackendError, NvmlUnavailableError
 from gpudaemon.model import GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
-
-T = TypeVar("T")
 
 
 class _Unsupported(Exception):

@@ -149,10 +149,6 @@ class Profile(_Strict):
         return self
 
 
-def list_profiles() -> tuple[str, ...]:
-    return BUILTIN_PROFILES
-
-
 def load_profile(name_or_path: str) -> Profile:
     """A built-in profile by name, or a YAML profile file by path."""
     if name_or_path in BUILTIN_PROFILES:
