@@ -63,7 +63,7 @@ def make_label_sink(cfg: Config, metrics: AgentMetrics) -> LabelSink:
 def make_history_sink(cfg: Config, registry: CollectorRegistry) -> HistorySink | None:
     if not cfg.influxdb.url:
         return None
-    from gpudaemon.sinks.influx import InfluxWriter
+    from gpudaemon.history.writer import InfluxWriter
 
     return InfluxWriter(cfg, registry)
 

@@ -12,8 +12,9 @@ from prometheus_client import CollectorRegistry
 from gpudaemon.app import Agent
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
 from gpudaemon.config import load_config
+from gpudaemon.history.transport import Transport
+from gpudaemon.history.writer import InfluxWriter
 from gpudaemon.metrics.catalogue import GPU_METRICS
-from gpudaemon.sinks.influx import InfluxWriter, Transport
 from gpudaemon.sinks.local import StdoutSink
 
 T0 = 1_700_000_000.0  # 2023-11-14: a fixed, realistic start for the injected clock

@@ -17,9 +17,11 @@ from gpudaemon.backends.simulated import SimulatedBackend, load_profile
 from gpudaemon.cache import Cache
 from gpudaemon.config import Config, load_config
 from gpudaemon.errors import ConfigError, InfluxWriteError
+from gpudaemon.history.lines import encode_line, lines_for
+from gpudaemon.history.transport import ClientTransport
+from gpudaemon.history.writer import InfluxWriter
 from gpudaemon.metrics.catalogue import GPU_METRICS
 from gpudaemon.model import GpuSample, Snapshot
-from gpudaemon.sinks.influx import ClientTransport, InfluxWriter, encode_line, lines_for
 
 
 class FakeTransport:

@@ -1,38 +1,31 @@
-"""InfluxDB history: one point per GPU per telemetry reading, written synchronously
+"""InfluxDB history: one point per GPU per history run, written synchronously
 through the v2 write API, with a durable on-disk spool for outages.
 
-Only this module imports influxdb_client; its exceptions become InfluxWriteError
-with a `kind` that is also the metric label. influxdb-client's own batching and
-retry buffer live in memory, so we write synchronously and keep what failed in a
-`Spool` instead: replayed oldest first, before new points, a bounded amount per
-cycle. Timestamps are the reading's sample time, so a replay overwrites rather
-than duplicates.
+The writer owns batching, replay, spool health and drop accounting; encoding is in
+`lines`, the HTTP client and its error mapping in `transport`. influxdb-client's own
+batching and retry buffer live in memory, so we write synchronously and keep what
+failed in a `Spool` instead: replayed oldest first, before new points, a bounded
+amount per cycle. Timestamps are the reading's sample time, so a replay overwrites
+rather than duplicates.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import threading
 import time
-import typing
 from collections.abc import Callable
-from typing import Literal, Protocol
+from typing import Literal
 
-import urllib3.exceptions
-from influxdb_client.client.influxdb_client import InfluxDBClient
-from influxdb_client.client.write_api import SYNCHRONOUS
-from influxdb_client.rest import ApiException
 from loguru import logger
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpudaemon.config import Config
 from gpudaemon.errors import ConfigError, InfluxWriteError, SpoolError, SpoolLockedError
-from gpudaemon.metrics.catalogue import GPU_METRICS, HEALTHY, XID_ERRORS
-from gpudaemon.model import GpuSample, Snapshot
-from gpudaemon.sinks.spool import Spool
+from gpudaemon.history.lines import lines_for
+from gpudaemon.history.spool import Spool
+from gpudaemon.history.transport import ClientTransport, Transport
+from gpudaemon.model import Snapshot
 
-MEASUREMENT = "gpu"
 DEFAULT_SPOOL_DIR = "/var/lib/gpudaemon/spool"
 ERROR_KINDS = ("unauthorized", "not_found", "rejected", "server", "timeout", "unreachable", "spool")
 DROP_REASONS = ("overflow", "rejected", "spool_error")
@@ -41,81 +34,6 @@ DROP_REASONS = ("overflow", "rejected", "spool_error")
 REPLAY_BYTES_PER_CYCLE = 4 << 20
 # During an outage, repeat the same failure in the log at most this often.
 LOG_REPEAT_SECONDS = 300.0
-
-_INT_FIELDS = frozenset(
-    name for name, hint in typing.get_type_hints(GpuSample).items() if "int" in str(hint)
-)
-
-
-class Transport(Protocol):
-    """Sends one body of line protocol (ms precision); raises InfluxWriteError."""
-
-    def write(self, body: bytes) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class ClientTransport:
-    """influxdb-client's synchronous write API, with its errors classified."""
-
-    def __init__(self, url: str, token: str, org: str, bucket: str, timeout_ms: int) -> None:
-        self.bucket = bucket
-        self.org = org
-        # retries=False: a retry would block the history job past timeout_ms; the
-        # spool is our retry.
-        self._client = InfluxDBClient(
-            url=url, token=token, org=org, timeout=timeout_ms, retries=False
-        )
-        self._api = self._client.write_api(write_options=SYNCHRONOUS)
-
-    def write(self, body: bytes) -> None:
-        try:
-            self._api.write(
-                bucket=self.bucket,
-                org=self.org,
-                record=body,
-                write_precision="ms",  # type: ignore[arg-type]
-            )
-        except ApiException as e:
-            raise _http_error(e.status, e.reason, getattr(e, "message", "")) from None
-        except Exception as e:
-            raise _transport_error(e) from None
-
-    def close(self) -> None:
-        self._client.close()  # type: ignore[no-untyped-call]
-
-
-def _http_error(status: int | None, reason: str | None, message: object) -> InfluxWriteError:
-    if status in (401, 403):
-        kind = "unauthorized"
-    elif status == 404:
-        kind = "not_found"  # InfluxDB 1.x: database not found; 2.x: bucket not found
-    elif status is not None and 400 <= status < 500 and status != 429:
-        kind = "rejected"
-    else:
-        kind = "server"
-    text = message.decode(errors="replace") if isinstance(message, bytes) else str(message or "")
-    try:  # InfluxDB 1.x answers {"error": ...}, 2.x {"message": ...}
-        body = json.loads(text)
-        text = str(body.get("error") or body.get("message") or text)
-    except (ValueError, AttributeError):
-        pass
-    detail = " ".join(text.split())[:200]
-    return InfluxWriteError(kind, f"HTTP {status} {reason or ''}".rstrip() + f": {detail}")
-
-
-def _transport_error(e: Exception) -> InfluxWriteError:
-    cause: BaseException = e
-    if isinstance(e, urllib3.exceptions.MaxRetryError) and e.reason is not None:
-        cause = e.reason
-    # NewConnectionError subclasses ConnectTimeoutError for history's sake: test it first.
-    if isinstance(cause, urllib3.exceptions.NewConnectionError | ConnectionError):
-        return InfluxWriteError("unreachable", f"cannot connect: {cause}")
-    if isinstance(cause, TimeoutError | urllib3.exceptions.TimeoutError):
-        return InfluxWriteError("timeout", f"timed out: {cause}")
-    if isinstance(cause, OSError | urllib3.exceptions.HTTPError):
-        return InfluxWriteError("unreachable", f"{type(cause).__name__}: {cause}")
-    return InfluxWriteError("server", f"{type(cause).__name__}: {cause}")
 
 
 class InfluxMetrics:
@@ -164,68 +82,6 @@ class InfluxMetrics:
             self.write_errors.labels(kind)
         for reason in DROP_REASONS:
             self.points_dropped.labels(reason)
-
-
-def _escape(s: str, specials: str) -> str:
-    s = s.replace("\\", "\\\\").replace("\n", " ")
-    for c in specials:
-        s = s.replace(c, "\\" + c)
-    return s
-
-
-def _field_value(v: int | float) -> str | None:
-    if isinstance(v, int):
-        return f"{v}i"
-    return repr(v) if math.isfinite(v) else None  # line protocol has no NaN/Inf
-
-
-def encode_line(
-    measurement: str, tags: dict[str, str], fields: dict[str, int | float], ts_ms: int
-) -> str:
-    """One point of line protocol. Written here rather than via influxdb_client.Point,
-    which is untyped and would hide int/float mix-ups that InfluxDB rejects as a
-    field type conflict."""
-    tag_part = "".join(
-        f",{_escape(k, ',= ')}={_escape(v, ',= ')}" for k, v in sorted(tags.items()) if v
-    )
-    field_part = ",".join(
-        f"{_escape(k, ',= ')}={fv}"
-        for k, v in fields.items()
-        if (fv := _field_value(v)) is not None
-    )
-    return f"{_escape(measurement, ', ')}{tag_part} {field_part} {ts_ms}"
-
-
-def lines_for(snap: Snapshot, node: str) -> list[str]:
-    """Line protocol for one snapshot: one point per GPU, fields from the catalogue.
-    Unsupported readings are left out, never written as 0."""
-    inv = snap.inventory
-    if inv is None or not snap.samples or not snap.samples_at:
-        return []
-    models = {g.index: g.name for g in inv.gpus}
-    ts_ms = round(snap.samples_at * 1000)
-    out = []
-    for s in snap.samples:
-        tags = {
-            "node": node,
-            "gpu": str(s.index),
-            "uuid": s.uuid,
-            "model": models.get(s.index, "unknown"),
-        }
-        fields: dict[str, int | float] = {}
-        for m in GPU_METRICS:
-            v = getattr(s, m.field)
-            if v is not None:
-                fields[m.influx_field] = int(v) if m.field in _INT_FIELDS else float(v)
-        fields[HEALTHY.influx_field] = 1 if s.healthy else 0
-        if s.ecc_corrected_errors_total is not None:
-            fields["ecc_corrected_errors_total"] = int(s.ecc_corrected_errors_total)
-        if s.ecc_uncorrected_errors_total is not None:
-            fields["ecc_uncorrected_errors_total"] = int(s.ecc_uncorrected_errors_total)
-        # An empty map is a real count (no XIDs seen), not an unsupported reading.
-        fields[XID_ERRORS.influx_field] = int(sum(s.xid_errors_total.values()))
-        out.append(encode_line(MEASUREMENT, tags, fields, ts_ms))
-    return out
 
 
 def open_spool(spool_dir: str, max_bytes: int) -> Spool:

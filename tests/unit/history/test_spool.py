@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpudaemon.errors import SpoolError
-from gpudaemon.sinks.spool import Spool
+from gpudaemon.history.spool import Spool
 
 
 def drain(spool: Spool) -> list[str]:

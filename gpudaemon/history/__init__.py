@@ -1,0 +1,1 @@
+"""InfluxDB history: line encoding, transport, on-disk spool and the writer."""

@@ -1,0 +1,86 @@
+"""The InfluxDB v2 write API over influxdb-client: the only module that imports
+influxdb_client. Its exceptions become InfluxWriteError with a `kind` that is also
+the writer's metric label."""
+
+from __future__ import annotations
+
+import json
+from typing import Protocol
+
+import urllib3.exceptions
+from influxdb_client.client.influxdb_client import InfluxDBClient
+from influxdb_client.client.write_api import SYNCHRONOUS
+from influxdb_client.rest import ApiException
+
+from gpudaemon.errors import InfluxWriteError
+
+
+class Transport(Protocol):
+    """Sends one body of line protocol (ms precision); raises InfluxWriteError."""
+
+    def write(self, body: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ClientTransport:
+    """influxdb-client's synchronous write API, with its errors classified."""
+
+    def __init__(self, url: str, token: str, org: str, bucket: str, timeout_ms: int) -> None:
+        self.bucket = bucket
+        self.org = org
+        # retries=False: a retry would block the history job past timeout_ms; the
+        # spool is our retry.
+        self._client = InfluxDBClient(
+            url=url, token=token, org=org, timeout=timeout_ms, retries=False
+        )
+        self._api = self._client.write_api(write_options=SYNCHRONOUS)
+
+    def write(self, body: bytes) -> None:
+        try:
+            self._api.write(
+                bucket=self.bucket,
+                org=self.org,
+                record=body,
+                write_precision="ms",  # type: ignore[arg-type]
+            )
+        except ApiException as e:
+            raise _http_error(e.status, e.reason, getattr(e, "message", "")) from None
+        except Exception as e:
+            raise _transport_error(e) from None
+
+    def close(self) -> None:
+        self._client.close()  # type: ignore[no-untyped-call]
+
+
+def _http_error(status: int | None, reason: str | None, message: object) -> InfluxWriteError:
+    if status in (401, 403):
+        kind = "unauthorized"
+    elif status == 404:
+        kind = "not_found"  # InfluxDB 1.x: database not found; 2.x: bucket not found
+    elif status is not None and 400 <= status < 500 and status != 429:
+        kind = "rejected"
+    else:
+        kind = "server"
+    text = message.decode(errors="replace") if isinstance(message, bytes) else str(message or "")
+    try:  # InfluxDB 1.x answers {"error": ...}, 2.x {"message": ...}
+        body = json.loads(text)
+        text = str(body.get("error") or body.get("message") or text)
+    except (ValueError, AttributeError):
+        pass
+    detail = " ".join(text.split())[:200]
+    return InfluxWriteError(kind, f"HTTP {status} {reason or ''}".rstrip() + f": {detail}")
+
+
+def _transport_error(e: Exception) -> InfluxWriteError:
+    cause: BaseException = e
+    if isinstance(e, urllib3.exceptions.MaxRetryError) and e.reason is not None:
+        cause = e.reason
+    # NewConnectionError subclasses ConnectTimeoutError for history's sake: test it first.
+    if isinstance(cause, urllib3.exceptions.NewConnectionError | ConnectionError):
+        return InfluxWriteError("unreachable", f"cannot connect: {cause}")
+    if isinstance(cause, TimeoutError | urllib3.exceptions.TimeoutError):
+        return InfluxWriteError("timeout", f"timed out: {cause}")
+    if isinstance(cause, OSError | urllib3.exceptions.HTTPError):
+        return InfluxWriteError("unreachable", f"{type(cause).__name__}: {cause}")
+    return InfluxWriteError("server", f"{type(cause).__name__}: {cause}")
