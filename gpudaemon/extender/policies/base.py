@@ -1,0 +1,23 @@
+"""The policy interface."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from gpudaemon.extender.state import NodeState, PodShape
+
+
+class Policy(Protocol):
+    """Orders feasible nodes for one pod. Must be pure: same inputs, same score."""
+
+    name: str
+
+    def raw_score(self, node: NodeState, pod: PodShape) -> float:
+        """Higher is better. Only the order between nodes matters."""
+        ...
+
+
+def utilization(node: NodeState) -> float:
+    """Measured utilization in [0, 1]; unknown counts as idle."""
+    u = node.utilization_ratio
+    return 0.0 if u is None else min(1.0, max(0.0, u))

@@ -1,0 +1,21 @@
+"""Bin-packing: the fewer healthy free GPUs a node has left after placement, the better.
+
+    raw = -(free_after) + 0.5 * utilization
+
+`free_after` moves in whole GPUs, so the utilization term (< 1) only breaks ties
+between nodes left equally full; among those the busier node wins, which keeps idle
+nodes whole for the next large pod.
+"""
+
+from __future__ import annotations
+
+from gpudaemon.extender.policies.base import utilization
+from gpudaemon.extender.state import NodeState, PodShape
+
+
+class BinPack:
+    name = "binpack"
+
+    def raw_score(self, node: NodeState, pod: PodShape) -> float:
+        free_after = node.gpus_free - pod.gpus
+        return -float(free_after) + 0.5 * utilization(node)

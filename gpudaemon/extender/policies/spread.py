@@ -1,0 +1,20 @@
+"""Spread: the more healthy free GPUs a node keeps after placement, the better.
+
+    raw = free_after - 0.5 * utilization
+
+For latency-sensitive work that should not share a node's PCIe/NVLink and host
+resources; ties go to the less busy node.
+"""
+
+from __future__ import annotations
+
+from gpudaemon.extender.policies.base import utilization
+from gpudaemon.extender.state import NodeState, PodShape
+
+
+class Spread:
+    name = "spread"
+
+    def raw_score(self, node: NodeState, pod: PodShape) -> float:
+        free_after = node.gpus_free - pod.gpus
+        return float(free_after) - 0.5 * utilization(node)
