@@ -47,16 +47,17 @@ def make_label_sink(cfg: Config, metrics: AgentMetrics) -> LabelSink:
     if to == "none":
         return NullSink()
     if to == "apiserver":
-        from gpudaemon.sinks import kube
+        from gpudaemon.kube.client import find_credentials
+        from gpudaemon.kube.nodelabels import NodeLabelSink
 
-        creds = kube.find_credentials(cfg.kubernetes.kubeconfig)
+        creds = find_credentials(cfg.kubernetes.kubeconfig)
         if creds is None:
             logger.warning(
                 "no Kubernetes credentials (not in a cluster, no kubeconfig): "
                 "writing labels to stdout instead of the API server"
             )
             return StdoutSink()
-        return kube.KubeSink(cfg, creds, metrics)
+        return NodeLabelSink(cfg, creds, metrics)
     return FileSink(to)
 
 

@@ -1,6 +1,9 @@
 """Our own error types. Library exceptions are wrapped at each boundary into these,
 so the rest of the code never sees pynvml, kubernetes or influxdb_client errors."""
 
+import json
+from typing import Literal
+
 
 class GpudaemonError(Exception):
     """Base for every error we raise on purpose."""
@@ -56,29 +59,81 @@ class SpoolLockedError(SpoolError):
     """Another process holds the spool directory's lock."""
 
 
-class APIError(SinkError):
-    """The Kubernetes API server refused or failed a request (kopf's naming)."""
+class KubeError(GpudaemonError):
+    """The Kubernetes API server refused or failed a request. `status` is the HTTP
+    status when there was one (None: no answer at all)."""
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
 
 
-class APIUnavailableError(APIError):
+class KubeUnavailableError(KubeError):
     """No usable answer: connection refused, timeout, 429 or 5xx. Worth retrying."""
 
 
-class APIForbiddenError(APIError):
+class KubeForbiddenError(KubeError):
     """401/403: the identity lacks the RBAC (or admission) to do this."""
 
 
-class APINotFoundError(APIError):
+class KubeNotFoundError(KubeError):
     """404: e.g. the agent's own Node does not exist (it never creates one)."""
 
 
-class APIConflictError(APIError):
+class KubeConflictError(KubeError):
     """409: a conflicting write."""
 
 
-class APIInvalidError(APIError):
-    """400/422: the server rejected the object (a bug, or an admission policy)."""
+class KubeGoneError(KubeError):
+    """410: a watch's resourceVersion is too old; list again, then watch from there."""
+
+
+class KubeInvalidError(KubeError):
+    """400/422 and other 4xx: the server rejected the request (a bug, or an admission
+    policy); retrying the same request will not help."""
+
+
+# -- HTTP failures, shared by every HTTP client (Kubernetes, InfluxDB) ------------------
+
+HttpFailureKind = Literal[
+    "unauthorized", "not_found", "conflict", "gone", "rejected", "unavailable"
+]
+
+
+def http_failure_kind(status: int | None) -> HttpFailureKind:
+    """The one mapping from an HTTP status to what it means for the caller. 429 and 5xx
+    (and no status) are "unavailable": try again later; other 4xx are "rejected"."""
+    if status in (401, 403):
+        return "unauthorized"
+    if status == 404:
+        return "not_found"
+    if status == 409:
+        return "conflict"
+    if status == 410:
+        return "gone"
+    if status is not None and 400 <= status < 500 and status != 429:
+        return "rejected"
+    return "unavailable"
+
+
+def server_message(body: bytes | str | None, limit: int = 300) -> str:
+    """The server's own words from an error body: the JSON `message` (Kubernetes,
+    InfluxDB 2.x) or `error` (InfluxDB 1.x), else the text; one line, bounded."""
+    text = body.decode(errors="replace") if isinstance(body, bytes) else str(body or "")
+    try:
+        parsed = json.loads(text)
+        if isinstance(parsed, dict):
+            text = str(parsed.get("message") or parsed.get("error") or text)
+    except ValueError:
+        pass
+    return " ".join(text.split())[:limit]
+
+
+def root_cause(e: BaseException) -> BaseException:
+    """urllib3 wraps the real cause (refused, timed out, DNS) in MaxRetryError and
+    friends; return the innermost `reason`."""
+    seen = 0
+    while seen < 5 and isinstance(getattr(e, "reason", None), BaseException):
+        e = e.reason  # type: ignore[attr-defined]
+        seen += 1
+    return e

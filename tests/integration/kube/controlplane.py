@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from gpudaemon.errors import APIError, APINotFoundError
-from gpudaemon.sinks.kube import Credentials, KubeClient
+from gpudaemon.errors import KubeError, KubeNotFoundError
+from gpudaemon.kube.client import Credentials, KubeClient
 from tests.support import REPO, free_port, wait_for
 
 AGENT_USER = "system:serviceaccount:gpudaemon:gpudaemon"
@@ -214,9 +214,9 @@ class ControlPlane:
             self.admin.request(
                 "PATCH",
                 f"{prefix}{ns}/{plural}/{meta['name']}",
-                {"fieldManager": "tests", "force": "true"},
                 doc,
                 "application/apply-patch+yaml",
+                {"fieldManager": "tests", "force": "true"},
             )
 
     def wait_for_policy(self) -> None:
@@ -234,7 +234,7 @@ class ControlPlane:
                     body={"metadata": {"labels": {"team": "y"}}},
                     content_type="application/merge-patch+json",
                 )
-            except APIError as e:
+            except KubeError as e:
                 return "gpudaemon.io/" in str(e)
             self.admin.request(
                 "PATCH",
@@ -265,7 +265,7 @@ class ControlPlane:
             return self.admin.request(
                 "GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
             )
-        except APINotFoundError:
+        except KubeNotFoundError:
             return None
 
     def as_agent(self) -> KubeClient:

@@ -12,7 +12,7 @@ import pytest
 from gpudaemon.app import Agent
 from gpudaemon.backends.simulated import FaultSpec, SimulatedBackend, load_profile
 from gpudaemon.config import load_config
-from gpudaemon.sinks.kube import KubeSink
+from gpudaemon.kube.nodelabels import NodeLabelSink
 from tests.integration.kube.controlplane import ControlPlane, annotation
 
 pytestmark = pytest.mark.integration
@@ -43,7 +43,7 @@ def agent(control_plane: ControlPlane, node: str) -> Iterator[tuple[Agent, Clock
     )
     backend = SimulatedBackend(load_profile("dgx-h100"), seed=7, clock=clock)
     a = Agent(cfg, backend=backend, clock=clock)
-    assert isinstance(a.label_sink, KubeSink)
+    assert isinstance(a.label_sink, NodeLabelSink)
     a.label_sink.clock = clock
     try:
         yield a, clock
@@ -104,7 +104,7 @@ def test_lease_heartbeat_renews_without_rewriting_the_node(
     a, clock = agent
     assert a.run_once()
     sink = a.label_sink
-    assert isinstance(sink, KubeSink)
+    assert isinstance(sink, NodeLabelSink)
     rv = control_plane.node(node)["metadata"]["resourceVersion"]
     assert sink.heartbeat()
     first = control_plane.lease(node)

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from gpudaemon.errors import APIError, APIForbiddenError
-from gpudaemon.sinks.kube import Credentials, KubeClient
+from gpudaemon.errors import KubeError, KubeForbiddenError
+from gpudaemon.kube.client import Credentials, KubeClient
 from tests.integration.kube.controlplane import ControlPlane, _kubeconfig
 
 pytestmark = pytest.mark.integration
@@ -25,7 +25,7 @@ def patch(client: KubeClient, node: str, body: dict[str, Any]) -> dict[str, Any]
 
 
 def denied(client: KubeClient, node: str, body: dict[str, Any]) -> str:
-    with pytest.raises(APIError) as e:
+    with pytest.raises(KubeError) as e:
         patch(client, node, body)
     assert e.value.status in (403, 422), e.value
     return str(e.value)
@@ -52,14 +52,14 @@ def test_agent_cannot_create_or_delete_nodes_or_touch_other_namespaces(
 ) -> None:
     agent = control_plane.as_agent()
     name = f"nope-{uuid.uuid4().hex[:6]}"
-    with pytest.raises(APIForbiddenError):
+    with pytest.raises(KubeForbiddenError):
         agent.request("POST", "/api/v1/nodes", body={"metadata": {"name": name}})
     control_plane.create_node(name)
-    with pytest.raises(APIForbiddenError):
+    with pytest.raises(KubeForbiddenError):
         agent.request("DELETE", f"/api/v1/nodes/{name}")
-    with pytest.raises(APIForbiddenError):
+    with pytest.raises(KubeForbiddenError):
         agent.apply_lease("default", name, {"holderIdentity": "x"})
-    with pytest.raises(APIForbiddenError):
+    with pytest.raises(KubeForbiddenError):
         agent.request("GET", "/api/v1/namespaces/gpudaemon/secrets")
     agent.apply_lease("gpudaemon", name, {"holderIdentity": "x"})  # its own namespace
 

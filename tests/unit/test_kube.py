@@ -1,4 +1,4 @@
-"""KubeSink logic against a fake client: write-on-change, drift repair, backoff, Lease.
+"""NodeLabelSink logic against a fake client: write-on-change, drift repair, backoff, Lease.
 
 The real API server proves the wire behaviour (tests/integration/kube/); these pin the
 decisions (when to read, when to write, when to wait) with an injected clock.
@@ -6,6 +6,8 @@ decisions (when to read, when to write, when to wait) with an injected clock.
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -13,18 +15,21 @@ from prometheus_client import CollectorRegistry
 
 from gpudaemon.config import load_config
 from gpudaemon.errors import (
-    APIConflictError,
-    APIError,
-    APIForbiddenError,
-    APIInvalidError,
-    APINotFoundError,
-    APIUnavailableError,
+    KubeConflictError,
+    KubeError,
+    KubeForbiddenError,
+    KubeGoneError,
+    KubeInvalidError,
+    KubeNotFoundError,
+    KubeUnavailableError,
     SinkError,
 )
+from gpudaemon.kube import client as kube
+from gpudaemon.kube.backoff import Backoff
+from gpudaemon.kube.lease import lease_is_fresh, micro_time, renew_cron
+from gpudaemon.kube.nodelabels import NodeLabelSink, in_sync
 from gpudaemon.labels import Labels, LabelSet
 from gpudaemon.metrics.agent import AgentMetrics
-from gpudaemon.sinks import kube
-from gpudaemon.sinks.kube import Backoff, KubeSink, in_sync, micro_time, renew_cron
 
 P = "gpudaemon.io/"
 
@@ -37,7 +42,7 @@ class FakeClient:
         self.annotations: dict[str, str] = {}
         self.owned: tuple[set[str], set[str]] = (set(), set())
         self.calls: list[str] = []
-        self.fail: APIError | None = None
+        self.fail: KubeError | None = None
         self.leases: list[dict[str, Any]] = []
 
     def _check(self, call: str) -> None:
@@ -92,7 +97,7 @@ class Clock:
         return self.t
 
 
-def make(cap: float = 60.0, resync: float = 600.0) -> tuple[KubeSink, FakeClient, Clock, Any]:
+def make(cap: float = 60.0, resync: float = 600.0) -> tuple[NodeLabelSink, FakeClient, Clock, Any]:
     cfg = load_config(
         environ={},
         overrides={
@@ -102,7 +107,7 @@ def make(cap: float = 60.0, resync: float = 600.0) -> tuple[KubeSink, FakeClient
     )
     reg = CollectorRegistry()
     fake, clock = FakeClient(), Clock()
-    sink = KubeSink(cfg, None, AgentMetrics(reg), client=fake, clock=clock, rng=lambda: 1.0)  # type: ignore[arg-type]
+    sink = NodeLabelSink(cfg, None, AgentMetrics(reg), client=fake, clock=clock, rng=lambda: 1.0)  # type: ignore[arg-type]
     return sink, fake, clock, reg
 
 
@@ -163,25 +168,27 @@ def test_resync_repairs_drift_and_otherwise_only_reads() -> None:
 @pytest.mark.parametrize(
     "status,err",
     [
-        (401, APIForbiddenError),
-        (403, APIForbiddenError),
-        (404, APINotFoundError),
-        (409, APIConflictError),
-        (422, APIInvalidError),
-        (429, APIUnavailableError),
-        (503, APIUnavailableError),
+        (401, KubeForbiddenError),
+        (403, KubeForbiddenError),
+        (404, KubeNotFoundError),
+        (409, KubeConflictError),
+        (410, KubeGoneError),
+        (400, KubeInvalidError),
+        (422, KubeInvalidError),
+        (429, KubeUnavailableError),
+        (503, KubeUnavailableError),
     ],
 )
 def test_http_status_maps_to_our_error_with_the_servers_message(status: int, err: type) -> None:
-    e = kube._error_for(status, "PATCH", "/api/v1/nodes/n1", b'{"message": "nope"}')
+    e = kube.error_for(status, "PATCH", "/api/v1/nodes/n1", b'{"message": "nope"}')
     assert type(e) is err and e.status == status and "nope" in str(e)
 
 
 def test_api_error_arms_backoff_and_retry_converges_after_recovery() -> None:
     sink, fake, clock, reg = make(cap=8)
-    fake.fail = APIUnavailableError("connection refused")
+    fake.fail = KubeUnavailableError("connection refused")
     delays = []
-    with pytest.raises(APIUnavailableError, match=r"retry in 1\.0s"):
+    with pytest.raises(KubeUnavailableError, match=r"retry in 1\.0s"):
         sink.apply(ls())
     for _ in range(6):  # retries come only when due, and the delay doubles to the cap
         before = len(fake.calls)
@@ -202,8 +209,8 @@ def test_api_error_arms_backoff_and_retry_converges_after_recovery() -> None:
 
 def test_apply_during_backoff_is_skipped_without_a_request() -> None:
     sink, fake, clock, _ = make()
-    fake.fail = APIUnavailableError("down")
-    with pytest.raises(APIError):
+    fake.fail = KubeUnavailableError("down")
+    with pytest.raises(KubeError):
         sink.apply(ls())
     n = len(fake.calls)
     clock.t += 0.1
@@ -239,7 +246,7 @@ def test_lease_is_renewed_only_when_labels_are_current_and_data_fresh() -> None:
     assert lease["spec"]["leaseDurationSeconds"] == 40
     assert lease["spec"]["renewTime"] == micro_time(clock.t)
     assert lease["owner"]["uid"] == "u-1"
-    fake.fail = APIUnavailableError("down")
+    fake.fail = KubeUnavailableError("down")
     assert sink.heartbeat() is False
 
 
@@ -309,7 +316,7 @@ def test_a_hung_api_server_gives_an_unavailable_error_not_a_hang(tmp_path: Any) 
     )
     client = kube.KubeClient.from_credentials(kube.Credentials(False, str(kc)), timeout_s=1.0)
     try:
-        with pytest.raises(APIUnavailableError, match="GET /api/v1/nodes/n1"):
+        with pytest.raises(KubeUnavailableError, match="GET /api/v1/nodes/n1"):
             client.get_node("n1")
     finally:
         stop.set()
@@ -318,3 +325,139 @@ def test_a_hung_api_server_gives_an_unavailable_error_not_a_hang(tmp_path: Any) 
             c.close()
         srv.close()
         client.close()
+
+
+# -- the Lease freshness rule (the extender reads nodes by it) -------------------------
+
+
+def _lease(renew: str | None, duration: object = 40) -> dict[str, Any]:
+    spec: dict[str, Any] = {"leaseDurationSeconds": duration}
+    if renew is not None:
+        spec["renewTime"] = renew
+    return {"spec": spec}
+
+
+@pytest.mark.parametrize(
+    "lease,fresh",
+    [
+        (_lease("2026-01-01T00:00:00.000000Z"), True),  # just renewed
+        (_lease("2025-12-31T23:59:20.000001Z"), True),  # just inside
+        (_lease("2025-12-31T23:59:20.000000Z"), False),  # exactly expired
+        (_lease("2025-12-31T23:00:00.000000Z"), False),
+        (_lease("2026-01-01T00:00:00Z", duration="40"), False),  # malformed duration
+        (_lease("2026-01-01T00:00:00Z", duration=True), False),
+        (_lease(None), False),
+        (_lease("yesterday"), False),
+        ({}, False),
+        (None, False),
+    ],
+)
+def test_lease_is_fresh_until_renew_time_plus_duration(lease: Any, fresh: bool) -> None:
+    now = datetime(2026, 1, 1, 0, 0, 0, tzinfo=UTC)
+    assert lease_is_fresh(lease, now) is fresh
+
+
+def test_lease_rule_reads_what_the_renewer_writes() -> None:
+    sink, fake, clock, _ = make()
+    sink.apply(ls())
+    assert sink.heartbeat()
+    written = {"spec": fake.leases[-1]["spec"]}
+    at = datetime.fromtimestamp(clock.t, UTC)
+    assert lease_is_fresh(written, at + timedelta(seconds=39.9))
+    assert not lease_is_fresh(written, at + timedelta(seconds=40))
+    assert lease_is_fresh(written, (at + timedelta(seconds=1)).replace(tzinfo=None))  # naive=UTC
+
+
+# -- watch: the stream a watch-based reader builds on -----------------------------------
+
+
+class _WatchServer:
+    """Answers every GET with `status` and the given newline-delimited events, sent as
+    chunks that split events mid-line, then closes (as the API server does at
+    timeoutSeconds). Records the query it got."""
+
+    def __init__(self, tmp_path: Any, status: int, events: list[dict[str, Any]]) -> None:
+        import http.server
+        import threading
+
+        body = b"".join(json.dumps(e).encode() + b"\n" for e in events)
+        self.queries: list[str] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                outer.queries.append(self.path)
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for i in range(0, len(body), 7):
+                    part = body[i : i + 7]
+                    self.wfile.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+                self.wfile.write(b"0\r\n\r\n")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.srv.serve_forever, daemon=True)
+        self.thread.start()
+        kc = tmp_path / "kc"
+        kc.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+            f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{self.srv.server_port}'}}}}]\n"
+            "users: [{name: u, user: {token: t}}]\n"
+            "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+        )
+        self.client = kube.KubeClient.from_credentials(kube.Credentials(False, str(kc)))
+
+    def close(self) -> None:
+        self.client.close()
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+def test_watch_yields_events_across_chunk_boundaries(tmp_path: Any) -> None:
+    node = {"metadata": {"name": "n1", "resourceVersion": "12"}}
+    srv = _WatchServer(
+        tmp_path,
+        200,
+        [
+            {"type": "ADDED", "object": node},
+            {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "13"}}},
+            {"type": "DELETED", "object": node},
+        ],
+    )
+    try:
+        got = list(srv.client.watch("/api/v1/nodes", "11", timeout_s=5))
+    finally:
+        srv.close()
+    assert [t for t, _ in got] == ["ADDED", "BOOKMARK", "DELETED"]
+    assert got[0][1] == node
+    q = srv.queries[0]
+    assert "watch=true" in q and "resourceVersion=11" in q and "timeoutSeconds=5" in q
+
+
+def test_watch_raises_gone_on_an_expired_version_event(tmp_path: Any) -> None:
+    too_old = {"kind": "Status", "code": 410, "message": "too old resource version: 1 (5)"}
+    srv = _WatchServer(
+        tmp_path, 200, [{"type": "ADDED", "object": {}}, {"type": "ERROR", "object": too_old}]
+    )
+    try:
+        events = srv.client.watch("/api/v1/nodes", "1", timeout_s=5)
+        assert next(events)[0] == "ADDED"
+        with pytest.raises(KubeGoneError, match="too old resource version"):
+            next(events)
+    finally:
+        srv.close()
+
+
+def test_watch_raises_gone_on_http_410(tmp_path: Any) -> None:
+    srv = _WatchServer(tmp_path, 410, [{"message": "gone"}])
+    try:
+        with pytest.raises(KubeGoneError, match="WATCH /api/v1/nodes: HTTP 410: gone"):
+            list(srv.client.watch("/api/v1/nodes", "1", timeout_s=5))
+    finally:
+        srv.close()

@@ -1,0 +1,287 @@
+"""The Kubernetes client shared by the agent and the extender: credentials, REST calls,
+the one mapping from HTTP failures to our `KubeError` family, and list + watch.
+
+The official client is used thinly (ApiClient for kubeconfig/in-cluster auth, TLS and
+pooling; raw REST paths for our few requests), so no generated model is built per
+request and library errors become our own types right here. This and `gpudaemon.kube`
+are the only importers of `kubernetes`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpudaemon.errors import (
+    ConfigError,
+    KubeConflictError,
+    KubeError,
+    KubeForbiddenError,
+    KubeGoneError,
+    KubeInvalidError,
+    KubeNotFoundError,
+    KubeUnavailableError,
+    http_failure_kind,
+    root_cause,
+    server_message,
+)
+
+SA_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+FIELD_MANAGER = "gpudaemon"
+APPLY_PATCH = "application/apply-patch+yaml"
+# Connect fails fast (a dead server refuses at once; a black-holed one should not hold
+# a job for long); the read timeout comes from the config.
+CONNECT_TIMEOUT_S = 3.0
+# force: keys under our prefix are ours; take them back from a hand edit.
+APPLY_QUERY = {"fieldManager": FIELD_MANAGER, "force": "true"}
+
+_ERROR_TYPES: dict[str, type[KubeError]] = {
+    "unauthorized": KubeForbiddenError,
+    "not_found": KubeNotFoundError,
+    "conflict": KubeConflictError,
+    "gone": KubeGoneError,
+    "rejected": KubeInvalidError,
+    "unavailable": KubeUnavailableError,
+}
+
+
+@dataclass(frozen=True)
+class Credentials:
+    in_cluster: bool
+    kubeconfig: str = ""
+
+
+def find_credentials(
+    kubeconfig: str = "", environ: Mapping[str, str] | None = None
+) -> Credentials | None:
+    """An explicit kubeconfig, else the in-cluster service account, else $KUBECONFIG,
+    else ~/.kube/config; None if there is none. `environ` defaults to the process's."""
+    env = os.environ if environ is None else environ
+    if kubeconfig:
+        return Credentials(in_cluster=False, kubeconfig=kubeconfig)
+    if env.get("KUBERNETES_SERVICE_HOST") and SA_TOKEN.is_file():
+        return Credentials(in_cluster=True)
+    for candidate in filter(
+        None,
+        [*env.get("KUBECONFIG", "").split(os.pathsep), str(Path.home() / ".kube" / "config")],
+    ):
+        if Path(candidate).is_file():
+            return Credentials(in_cluster=False, kubeconfig=candidate)
+    return None
+
+
+def error_for(status: int | None, method: str, path: str, body: bytes | str | None) -> KubeError:
+    """An HTTP failure as our error type, with the server's own message."""
+    msg = f"{method} {path}: HTTP {status}: {server_message(body)}"
+    return _ERROR_TYPES[http_failure_kind(status)](msg, status)
+
+
+def _short(e: BaseException) -> str:
+    return " ".join(str(root_cause(e)).split())[:200]
+
+
+class KubeClient:
+    """REST calls over the official client's ApiClient (auth, TLS, pooling).
+
+    Retries are off in urllib3: our own backoff decides when to try again, so a dead
+    server costs one connect timeout per attempt, not four.
+    """
+
+    def __init__(
+        self, api_client: Any, timeout_s: float, connect_timeout_s: float = CONNECT_TIMEOUT_S
+    ) -> None:
+        self.api = api_client
+        self.connect_timeout_s = connect_timeout_s
+        self.timeout = (connect_timeout_s, timeout_s)
+
+    @classmethod
+    def from_credentials(
+        cls,
+        creds: Credentials,
+        timeout_s: float = 10.0,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    ) -> KubeClient:
+        from kubernetes import client, config
+
+        conf = client.Configuration()
+        try:
+            if creds.in_cluster:
+                config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
+            else:
+                config.load_kube_config(  # type: ignore[no-untyped-call]
+                    config_file=creds.kubeconfig,
+                    client_configuration=conf,
+                    persist_config=False,
+                )
+        except Exception as e:  # ConfigException, YAML, OS, key errors: all one line
+            where = "in-cluster config" if creds.in_cluster else f"kubeconfig {creds.kubeconfig}"
+            raise ConfigError(f"{where}: {' '.join(str(e).split())}") from None
+        conf.retries = False
+        return cls(client.ApiClient(conf), timeout_s, connect_timeout_s)
+
+    # -- plain requests ------------------------------------------------------------
+
+    def _open(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        content_type: str | None,
+        query: Mapping[str, str] | None,
+        timeout: tuple[float, float],
+    ) -> Any:
+        """Send one request; the response body is not read yet (watch streams it)."""
+        import urllib3
+
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        try:
+            _m, url, hdrs, body_, _p = self.api.param_serialize(
+                method,
+                path,
+                query_params=list((query or {}).items()),
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            return self.api.call_api(method, url, hdrs, body_, _request_timeout=timeout)
+        except urllib3.exceptions.HTTPError as e:
+            raise KubeUnavailableError(f"{method} {path}: {_short(e)}") from None
+        except OSError as e:
+            raise KubeUnavailableError(f"{method} {path}: {e}") from None
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str | None = None,
+        query: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """One call; the JSON answer, or a KubeError naming method, path and reason."""
+        import urllib3
+
+        resp = self._open(method, path, body, content_type, query, self.timeout)
+        try:
+            data = resp.read()
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise KubeUnavailableError(f"{method} {path}: {_short(e)}") from None
+        if not 200 <= resp.status < 300:
+            raise error_for(resp.status, method, path, data)
+        try:
+            out = json.loads(data) if data else {}
+        except ValueError:
+            raise KubeUnavailableError(f"{method} {path}: response is not JSON") from None
+        return out if isinstance(out, dict) else {}
+
+    def apply(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply as our field manager."""
+        return self.request("PATCH", path, dict(body), APPLY_PATCH, APPLY_QUERY)
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        return self.request("GET", f"/api/v1/nodes/{name}")
+
+    def apply_node(self, name: str, labels: Mapping[str, str], ann: Mapping[str, str]) -> Any:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": dict(labels), "annotations": dict(ann)},
+        }
+        return self.apply(f"/api/v1/nodes/{name}", body)
+
+    def apply_lease(
+        self,
+        namespace: str,
+        name: str,
+        spec: Mapping[str, Any],
+        owner: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": name, "namespace": namespace}
+        if owner:
+            meta["ownerReferences"] = [dict(owner)]
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": meta,
+            "spec": dict(spec),
+        }
+        return self.apply(
+            f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}", body
+        )
+
+    # -- list + watch ---------------------------------------------------------------
+
+    def list_items(
+        self, path: str, query: Mapping[str, str] | None = None
+    ) -> tuple[list[dict[str, Any]], str]:
+        """A collection's items and its resourceVersion, the point to watch from."""
+        out = self.request("GET", path, query=query)
+        items = out.get("items") or []
+        rv = str((out.get("metadata") or {}).get("resourceVersion") or "")
+        return [i for i in items if isinstance(i, dict)], rv
+
+    def watch(
+        self,
+        path: str,
+        resource_version: str,
+        timeout_s: float = 300.0,
+        query: Mapping[str, str] | None = None,
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Stream (type, object) events (ADDED, MODIFIED, DELETED, BOOKMARK) after
+        `resource_version` until the server ends the watch (after about `timeout_s`).
+
+        Raises KubeGoneError when the version is too old (410, as a status or as an
+        ERROR event): the caller lists again and watches from the new version. Other
+        failures raise the usual KubeError types.
+        """
+        import urllib3
+
+        q = {
+            **(query or {}),
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(max(1, int(timeout_s))),
+        }
+        # The server closes the stream after timeoutSeconds; the read timeout only
+        # catches a server that went silent.
+        read_timeout = max(1.0, timeout_s) + self.timeout[1]
+        resp = self._open("GET", path, None, None, q, (self.connect_timeout_s, read_timeout))
+        try:
+            if not 200 <= resp.status < 300:
+                raise error_for(resp.status, "WATCH", path, resp.read())
+            for line in _lines(resp.response.stream(65536)):
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    raise KubeUnavailableError(f"WATCH {path}: event is not JSON") from None
+                kind, obj = str(event.get("type", "")), event.get("object") or {}
+                if kind == "ERROR":
+                    code = obj.get("code") if isinstance(obj, dict) else None
+                    status = code if isinstance(code, int) else None
+                    raise error_for(status, "WATCH", path, json.dumps(obj))
+                if isinstance(obj, dict):
+                    yield kind, obj
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise KubeUnavailableError(f"WATCH {path}: {_short(e)}") from None
+        finally:
+            resp.response.release_conn()
+
+    def close(self) -> None:
+        self.api.close()
+
+
+def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """Newline-delimited JSON from a chunked stream; an event may span chunks."""
+    buf = b""
+    for chunk in chunks:
+        buf += chunk
+        *complete, buf = buf.split(b"\n")
+        yield from (line for line in complete if line.strip())
+    if buf.strip():
+        yield buf

@@ -1,0 +1,120 @@
+"""The per-node freshness Lease: how the agent renews it, and the rule by which a reader
+(the extender) judges it. Both live here so they cannot drift apart.
+
+Rule: a node's labels and `<prefix>gpus` annotation are fresh iff its Lease exists and
+`now < renewTime + leaseDurationSeconds` (see docs/kubernetes.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from loguru import logger
+
+from gpudaemon.errors import KubeError
+from gpudaemon.kube.client import KubeClient
+
+LEASE_API = "/apis/coordination.k8s.io/v1"
+
+
+def lease_path(namespace: str, name: str = "") -> str:
+    """The Lease (or, with no name, the namespace's Lease collection) API path."""
+    base = f"{LEASE_API}/namespaces/{namespace}/leases"
+    return f"{base}/{name}" if name else base
+
+
+def micro_time(t: float) -> str:
+    """A Kubernetes MicroTime (RFC 3339 with microseconds, UTC)."""
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(value: Any) -> datetime | None:
+    """A Kubernetes Time or MicroTime as an aware datetime; None if absent or malformed."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def lease_is_fresh(lease: Mapping[str, Any] | None, now: datetime) -> bool:
+    """True iff the Lease vouches for its node's data at `now` (an aware datetime;
+    a naive one is taken as UTC): renewTime + leaseDurationSeconds is still ahead."""
+    if not lease:
+        return False
+    spec = lease.get("spec")
+    if not isinstance(spec, Mapping):
+        return False
+    renewed = parse_time(spec.get("renewTime"))
+    duration = spec.get("leaseDurationSeconds")
+    if renewed is None or not isinstance(duration, int) or isinstance(duration, bool):
+        return False
+    if now.tzinfo is None:
+        now = now.replace(tzinfo=UTC)
+    return now < renewed + timedelta(seconds=duration)
+
+
+def renew_cron(lease_duration_s: int) -> str:
+    """Renew every duration/4, like kubelet's node lease (40 s -> every 10 s)."""
+    every = max(1, lease_duration_s // 4)
+    if every < 60:
+        return f"*/{every} * * * * *"
+    return f"0 */{max(1, every // 60)} * * * *"
+
+
+class LeaseRenewer:
+    """Server-side applies Lease `<namespace>/<node>`: holder, duration, renewTime.
+
+    It renews whenever asked; whether the data deserves a renewal is the caller's call
+    (see NodeLabelSink.heartbeat). A failure is logged once per outage, not once per
+    renewal, and once more when renewals work again.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        namespace: str,
+        node: str,
+        duration_s: int,
+        holder: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.client = client
+        self.namespace, self.node = namespace, node
+        self.duration_s = duration_s
+        self.holder = holder
+        self.clock = clock
+        self._acquired_at: float | None = None
+        self._failing = False
+
+    def renew(self, node_uid: str | None = None) -> bool:
+        """One renewal; True if the Lease was written. `node_uid` makes the Node its
+        owner, so the Lease is garbage-collected with the Node (like kubelet's)."""
+        now = self.clock()
+        if self._acquired_at is None:
+            self._acquired_at = now
+        spec = {
+            "holderIdentity": self.holder,
+            "leaseDurationSeconds": self.duration_s,
+            "acquireTime": micro_time(self._acquired_at),
+            "renewTime": micro_time(now),
+        }
+        owner = None
+        if node_uid:
+            owner = {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": node_uid}
+        try:
+            self.client.apply_lease(self.namespace, self.node, spec, owner)
+        except KubeError as e:
+            if not self._failing:
+                logger.warning("node {}: lease renewal failed: {}", self.node, e)
+            self._failing = True
+            return False
+        if self._failing:
+            logger.info("node {}: lease renewed again", self.node)
+        self._failing = False
+        return True

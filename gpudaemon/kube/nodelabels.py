@@ -1,0 +1,199 @@
+"""The agent's labels and `<prefix>gpus` annotation on its own Node (server-side
+apply, write only on change, drift repair, backoff) and the Lease heartbeat that
+vouches for them."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+
+from gpudaemon.errors import KubeError, SinkError
+from gpudaemon.kube.backoff import Backoff
+from gpudaemon.kube.client import FIELD_MANAGER, Credentials, KubeClient
+from gpudaemon.kube.lease import LeaseRenewer, renew_cron
+from gpudaemon.labels import Labels, LabelSet
+
+if TYPE_CHECKING:
+    from gpudaemon.config import Config
+    from gpudaemon.metrics.agent import AgentMetrics
+
+
+def owned_keys(node: Mapping[str, Any], manager: str = FIELD_MANAGER) -> tuple[set[str], set[str]]:
+    """Label and annotation keys the manager's Apply owns, from managedFields."""
+    labels: set[str] = set()
+    ann: set[str] = set()
+    for entry in node.get("metadata", {}).get("managedFields") or []:
+        if entry.get("manager") != manager or entry.get("operation") != "Apply":
+            continue
+        meta = (entry.get("fieldsV1") or {}).get("f:metadata", {})
+        labels |= {k[2:] for k in meta.get("f:labels", {}) if k.startswith("f:")}
+        ann |= {k[2:] for k in meta.get("f:annotations", {}) if k.startswith("f:")}
+    return labels, ann
+
+
+def in_sync(node: Mapping[str, Any], desired: Mapping[str, Mapping[str, str]]) -> bool:
+    """True when the Node holds exactly our desired keys, owned by us, with our values."""
+    meta = node.get("metadata", {})
+    labels, ann = meta.get("labels") or {}, meta.get("annotations") or {}
+    own_l, own_a = owned_keys(node)
+    want_l, want_a = desired["labels"], desired["annotations"]
+    return (
+        own_l == set(want_l)
+        and own_a == set(want_a)
+        and all(labels.get(k) == v for k, v in want_l.items())
+        and all(ann.get(k) == v for k, v in want_a.items())
+    )
+
+
+class NodeLabelSink:
+    """Keeps the agent's labels and `<prefix>gpus` annotation on its own Node, and renews
+    its freshness Lease.
+
+    Writes only on change: it remembers what it last applied and sends nothing while
+    the desired set is the same. After an error, and every `resync_seconds`, it reads
+    the Node and writes only if the Node drifted. An API error arms an exponential
+    backoff and is raised as our KubeError (the agent's job wrapper counts and logs it);
+    the `kube-retry` job retries as soon as the backoff expires, so labels converge
+    within one backoff cap of the API server's recovery.
+    """
+
+    name = "apiserver"
+
+    def __init__(
+        self,
+        cfg: Config,
+        creds: Credentials | None,
+        metrics: AgentMetrics,
+        *,
+        client: KubeClient | None = None,
+        clock: Callable[[], float] = time.time,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        k = cfg.kubernetes
+        if client is None:
+            if creds is None:
+                raise SinkError("no Kubernetes credentials")
+            client = KubeClient.from_credentials(creds, k.request_timeout_seconds)
+        self.client = client
+        self.node = cfg.node_name
+        self.metrics = metrics
+        self.clock = clock
+        self.backoff = Backoff(1.0, k.backoff_max_seconds, rng)
+        self.resync_s = k.resync_seconds
+        self.lease = LeaseRenewer(
+            client,
+            k.lease_namespace,
+            self.node,
+            k.lease_duration_seconds,
+            holder=f"{os.environ.get('POD_NAME') or socket.gethostname()}/{os.getpid()}",
+            clock=clock,
+        )
+        self.fresh: Callable[[], bool] = lambda: True
+        self._lock = threading.Lock()
+        self._desired: dict[str, dict[str, str]] | None = None
+        self._applied: dict[str, dict[str, str]] | None = None
+        self._verified_at = -float("inf")
+        self._retry_at = -float("inf")
+        self._node_uid: str | None = None
+
+    # -- label sink interface ----------------------------------------------------------
+
+    def set_freshness(self, fresh: Callable[[], bool]) -> None:
+        """The Lease is renewed only while this says the agent's data is fresh."""
+        self.fresh = fresh
+
+    def apply(self, ls: LabelSet) -> bool:
+        """Write if changed. Raises KubeError (after arming the backoff) when it fails."""
+        if not isinstance(ls.labels, Labels):
+            raise SinkError("refusing labels that did not pass through sanitize_value")
+        with self._lock:
+            self._desired = ls.as_dict()
+            return self._reconcile()
+
+    def retry(self) -> bool:
+        """Scheduled every second: does nothing unless a write is pending and due."""
+        with self._lock:
+            if self._desired is None or self._applied == self._desired:
+                return False
+            try:
+                return self._reconcile()
+            except KubeError as e:
+                logger.warning("{}", e)
+                return False
+
+    def jobs(self) -> list[tuple[str, Callable[[], Any], str]]:
+        return [
+            ("kube-retry", self.retry, "* * * * * *"),
+            ("lease", self.heartbeat, renew_cron(self.lease.duration_s)),
+        ]
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- reconcile ---------------------------------------------------------------------
+
+    def _reconcile(self) -> bool:
+        now = self.clock()
+        desired = self._desired
+        assert desired is not None
+        if now < self._retry_at:
+            return False  # backing off; retry() picks it up when due
+        if desired == self._applied and now - self._verified_at < self.resync_s:
+            self._ok(now, "unchanged")
+            return False
+        try:
+            if self._applied is None or desired == self._applied:
+                # First write, after an error, or a periodic resync: read, and write
+                # only if the Node drifted (a restarted agent does not rewrite it).
+                node = self.client.get_node(self.node)
+                self._node_uid = node.get("metadata", {}).get("uid")
+                if in_sync(node, desired):
+                    self._applied, self._verified_at = desired, now
+                    self._ok(now, "unchanged")
+                    return False
+            result = self.client.apply_node(self.node, desired["labels"], desired["annotations"])
+            self._node_uid = result.get("metadata", {}).get("uid", self._node_uid)
+        except KubeError as e:
+            self._applied = None
+            delay = self.backoff.next_delay()
+            self._retry_at = now + delay
+            self.metrics.node_writes.labels("error").inc()
+            # Raised, not logged: the caller's job accounting logs it once and counts
+            # it in poll_errors, and `run --once` exits non-zero.
+            raise type(e)(
+                f"node {self.node}: labels not written, retry in {delay:.1f}s: {e}", e.status
+            ) from None
+        if self.backoff.failures:
+            logger.info(
+                "node {}: labels written after {} failed attempt(s)",
+                self.node,
+                self.backoff.failures,
+            )
+        self._applied, self._verified_at = desired, now
+        self._ok(now, "success")
+        return True
+
+    def _ok(self, now: float, result: str) -> None:
+        self.backoff.reset()
+        self._retry_at = -float("inf")
+        self.metrics.node_writes.labels(result).inc()
+        self.metrics.last_reconcile_timestamp_seconds.set(now)
+
+    # -- freshness Lease ---------------------------------------------------------------
+
+    def heartbeat(self) -> bool:
+        """Renew the node's Lease. Skipped while the data is stale or the Node's labels
+        are not known to be current, so an expired Lease means "do not trust this
+        node's labels and annotation"."""
+        with self._lock:
+            current = self._applied is not None and self._applied == self._desired
+        if not current or not self.fresh():
+            return False
+        return self.lease.renew(self._node_uid)
