@@ -1,33 +1,21 @@
 """The agent's HTTP endpoints: /metrics (prometheus-client's WSGI app, which handles
-OpenMetrics and gzip negotiation), /healthz and /readyz."""
+OpenMetrics and gzip negotiation), /healthz and /readyz, served by the shared
+gpudaemon.httpserver."""
 
 from __future__ import annotations
 
 import gzip
-import threading
 from collections.abc import Callable, Iterable
-from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import choose_encoder
 
-from gpudaemon.errors import UsageError
+from gpudaemon import httpserver
 from gpudaemon.metrics.collector import GpuCollector, without_gpus
 
 StartResponse = Callable[..., Any]
 Readiness = Callable[[], tuple[bool, str]]
-
-
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
 
 
 def make_app(
@@ -85,33 +73,12 @@ def _text(start_response: StartResponse, status: str, body: str) -> list[bytes]:
     return [data]
 
 
-class HttpServer:
-    """Serves in a daemon thread; stop() closes the socket."""
+class HttpServer(httpserver.HttpServer):
+    """The agent's server: the shared `gpudaemon.httpserver.HttpServer` with the agent's
+    name ("metrics.listen: ..." in errors) and a small pool, since Prometheus scrapes are
+    few and each takes about a millisecond."""
 
-    def __init__(self, listen: str, app: Callable[..., Iterable[bytes]]) -> None:
-        host, _, port = listen.rpartition(":")
-        try:
-            self._server = make_server(
-                host.strip("[]") or "0.0.0.0",
-                int(port),
-                app,
-                server_class=_ThreadingServer,
-                handler_class=_QuietHandler,
-            )
-        except OSError as e:  # address in use, unknown host, not an address of this host
-            reason = e.strerror or str(e)
-            raise UsageError(f"metrics.listen: cannot listen on {listen}: {reason}") from None
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            name="http",
-            kwargs={"poll_interval": 0.2},
-            daemon=True,
-        )
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+    def __init__(
+        self, listen: str, app: Callable[..., Iterable[bytes]], *, name: str = "metrics"
+    ) -> None:
+        super().__init__(listen, app, name=name, threads=4, idle_timeout_s=60.0)
