@@ -117,9 +117,43 @@ class KubernetesConfig(_Section):
     resync_seconds: Annotated[float, Field(gt=0)] = 600.0
 
 
+class TypicalPod(_Section):
+    """One typical pod shape for the fragmentation policy (an override of the shapes it
+    learns from the pods it sees)."""
+
+    gpus: Annotated[int, Field(ge=1, le=1024, strict=True)]
+    cpu_milli: Annotated[int, Field(ge=0, le=10**7, strict=True)] = 0
+    memory_mib: Annotated[int, Field(ge=0, le=10**9, strict=True)] = 0
+    gpu_models: list[str] = []
+    weight: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = 1.0
+
+
 class ExtenderConfig(_Section):
     listen: str = "0.0.0.0:9446"
-    policy: Literal["binpack", "spread"] = "binpack"
+    # The default policy; a pod picks another with the annotation gpudaemon.io/policy.
+    policy: Literal["binpack", "spread", "fragmentation"] = "binpack"
+    # Weight of measured utilization as the tie-break within a policy. Below 1, so it
+    # only orders nodes the GPU arithmetic leaves equal.
+    utilization_weight: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.5
+    # A node with a lost or XID-failed GPU takes no new GPU pods: it will likely be
+    # drained and rebooted, and a pod landing there now would be killed with it.
+    avoid_unhealthy_nodes: bool = True
+    # How long a pod ranked best for a node is counted there before its binding shows
+    # up in the watch. Longer than any bind; short enough that a pod that went elsewhere
+    # unseen does not hide capacity for long.
+    assume_ttl_seconds: Annotated[float, Field(ge=1, le=600, allow_inf_nan=False)] = 30.0
+    # HAMi style: /filter returns only the node the policy ranks best, so in-tree
+    # scores cannot overrule the packing decision. Off: the scheduler combines scores.
+    filter_picks_best: bool = False
+    # Requests larger than this are refused with 413 (5,000 Node objects are ~20 MiB
+    # without nodeCacheCapable; with it, 5,000 names are ~100 KiB).
+    max_body_bytes: Annotated[int, Field(ge=1024, le=1 << 30, strict=True)] = 64 << 20
+    # Worker threads for requests: the scheduler sends one request at a time per
+    # scheduler; a few more absorb retries and scrapes.
+    threads: Annotated[int, Field(ge=1, le=256, strict=True)] = 8
+    # Pods remembered for learning the workload's typical shapes (fragmentation policy).
+    workload_window: Annotated[int, Field(ge=1, le=1_000_000, strict=True)] = 2000
+    typical_pods: list[TypicalPod] = []
 
     @field_validator("listen")
     @classmethod
