@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import tzinfo
@@ -25,6 +24,8 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
 from loguru import logger
+
+from gpudaemon.logsetup import LogLimiter
 
 _DOW_NAMES = {0: "sun", 1: "mon", 2: "tue", 3: "wed", 4: "thu", 5: "fri", 6: "sat", 7: "sun"}
 
@@ -114,7 +115,7 @@ class CronScheduler:
             self._listen, EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED | EVENT_JOB_ERROR
         )
         self._lock = threading.Lock()
-        self._last_logged: dict[str, float] = {}
+        self._overrun_log = LogLimiter(60.0)  # counted every time, logged once a minute
 
     def add(self, name: str, func: Callable[[], Any], cron: str) -> None:
         self._sched.add_job(func, parse_cron(cron), id=name, name=name, replace_existing=True)
@@ -127,19 +128,12 @@ class CronScheduler:
         if self._sched.running:
             self._sched.shutdown(wait=wait)
 
-    def _should_log(self, job: str, every_s: float = 60.0) -> bool:
-        now = time.monotonic()
-        if now - self._last_logged.get(job, -every_s) >= every_s:
-            self._last_logged[job] = now
-            return True
-        return False
-
     def _listen(self, event: JobSubmissionEvent | JobExecutionEvent) -> None:
         job = event.job_id
         with self._lock:
             if event.code == EVENT_JOB_MAX_INSTANCES:
                 self.stats.bump(job, "overruns")
-                if self._should_log(job):  # counted every time, logged once a minute
+                if self._overrun_log.allow(job):
                     n = self.stats.by_job[job]["overruns"]
                     logger.warning(
                         "job {} overran its schedule: previous run still going, skipped "

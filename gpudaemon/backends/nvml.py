@@ -16,6 +16,7 @@ from loguru import logger
 
 from gpudaemon.backends.base import is_critical_xid
 from gpudaemon.errors import BackendError, NvmlUnavailableError
+from gpudaemon.logsetup import LogLimiter
 from gpudaemon.model import GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
 
 
@@ -49,7 +50,7 @@ class NvmlBackend:
         self._lost: set[int] = set()
         self._xids: dict[int, dict[int, int]] = {}
         self._xid_unhealthy: dict[int, str] = {}
-        self._warned: set[tuple[str, int]] = set()
+        self._warn_once = LogLimiter()  # per (reading, GPU): once, ever
         self._bad_identity: set[tuple[int, str]] = set()
         self._xid_lock = threading.Lock()  # the event thread writes, sample() reads
         self._memory_v2: bool | None = None  # probed once: nvmlDeviceGetMemoryInfo_v2 usable?
@@ -115,8 +116,7 @@ class NvmlBackend:
         n = self._nvml
         fn = getattr(n, fn_name, None)
         if fn is None:
-            if (fn_name, -2) not in self._warned:
-                self._warned.add((fn_name, -2))
+            if self._warn_once.allow((fn_name, -2)):
                 logger.info("NVML function {} not available; its readings are absent", fn_name)
             raise _Unsupported()
         try:
@@ -136,8 +136,7 @@ class NvmlBackend:
         except _Unsupported:
             return None
         except self._nvml.NVMLError as e:
-            if (what, index) not in self._warned:
-                self._warned.add((what, index))
+            if self._warn_once.allow((what, index)):
                 logger.warning("GPU {}: reading {} failed: {}", index, what, e)
             return None
 
@@ -342,8 +341,7 @@ class NvmlBackend:
             self._field_values = False
             return {}
         except n.NVMLError as e:
-            if ("field values", i) not in self._warned:
-                self._warned.add(("field values", i))
+            if self._warn_once.allow(("field values", i)):
                 logger.warning("GPU {}: nvmlDeviceGetFieldValues failed: {}", i, e)
             return {}
         self._field_values = True

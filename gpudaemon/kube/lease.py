@@ -16,6 +16,7 @@ from loguru import logger
 
 from gpudaemon.errors import KubeError
 from gpudaemon.kube.client import KubeClient
+from gpudaemon.logsetup import LogLimiter
 
 LEASE_API = "/apis/coordination.k8s.io/v1"
 
@@ -90,7 +91,7 @@ class LeaseRenewer:
         self.holder = holder
         self.clock = clock
         self._acquired_at: float | None = None
-        self._failing = False
+        self._failures = LogLimiter()  # once per outage
 
     def renew(self, node_uid: str | None = None) -> bool:
         """One renewal; True if the Lease was written. `node_uid` makes the Node its
@@ -110,11 +111,9 @@ class LeaseRenewer:
         try:
             self.client.apply_lease(self.namespace, self.node, spec, owner)
         except KubeError as e:
-            if not self._failing:
+            if self._failures.allow():
                 logger.warning("node {}: lease renewal failed: {}", self.node, e)
-            self._failing = True
             return False
-        if self._failing:
+        if self._failures.clear():
             logger.info("node {}: lease renewed again", self.node)
-        self._failing = False
         return True

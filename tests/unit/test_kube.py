@@ -30,6 +30,7 @@ from gpudaemon.kube.lease import lease_is_fresh, micro_time, renew_cron
 from gpudaemon.kube.nodelabels import NodeLabelSink, in_sync
 from gpudaemon.labels import Labels, LabelSet
 from gpudaemon.metrics.agent import AgentMetrics
+from tests.clock import FakeClock
 
 P = "gpudaemon.io/"
 
@@ -89,15 +90,9 @@ class FakeClient:
         pass
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def make(cap: float = 60.0, resync: float = 600.0) -> tuple[NodeLabelSink, FakeClient, Clock, Any]:
+def make(
+    cap: float = 60.0, resync: float = 600.0
+) -> tuple[NodeLabelSink, FakeClient, FakeClock, Any]:
     cfg = load_config(
         environ={},
         overrides={
@@ -106,7 +101,7 @@ def make(cap: float = 60.0, resync: float = 600.0) -> tuple[NodeLabelSink, FakeC
         },
     )
     reg = CollectorRegistry()
-    fake, clock = FakeClient(), Clock()
+    fake, clock = FakeClient(), FakeClock()
     sink = NodeLabelSink(cfg, None, AgentMetrics(reg), client=fake, clock=clock, rng=lambda: 1.0)  # type: ignore[arg-type]
     return sink, fake, clock, reg
 

@@ -7,14 +7,7 @@ import pytest
 from gpudaemon.backends.simulated import FaultSpec, SimulatedBackend, load_profile, parse_profile
 from gpudaemon.errors import ProfileError
 from gpudaemon.model import MIB
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.clock import FakeClock
 
 
 @pytest.mark.parametrize(("name", "count"), [("dgx-h100", 8), ("a100-mig", 8), ("mixed", 5)])
@@ -42,16 +35,16 @@ def test_a100_mig_has_seven_instances_per_gpu() -> None:
 
 
 def test_same_seed_same_readings_and_different_seed_differs() -> None:
-    a = SimulatedBackend(load_profile("dgx-h100"), seed=7, clock=Clock())
-    b = SimulatedBackend(load_profile("dgx-h100"), seed=7, clock=Clock())
-    c = SimulatedBackend(load_profile("dgx-h100"), seed=8, clock=Clock())
+    a = SimulatedBackend(load_profile("dgx-h100"), seed=7, clock=FakeClock(1000.0))
+    b = SimulatedBackend(load_profile("dgx-h100"), seed=7, clock=FakeClock(1000.0))
+    c = SimulatedBackend(load_profile("dgx-h100"), seed=8, clock=FakeClock(1000.0))
     ra, rb, rc = a.sample(), b.sample(), c.sample()
     assert ra == rb
     assert [s.gpu_utilization_ratio for s in ra] != [s.gpu_utilization_ratio for s in rc]
 
 
 def test_readings_evolve_and_energy_accumulates() -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     b = SimulatedBackend(load_profile("dgx-h100"), seed=1, clock=clock)
     first = b.sample()[0]
     clock.t += 10
@@ -71,7 +64,7 @@ def test_unsupported_readings_are_absent_not_zero() -> None:
 
 
 def test_lost_gpu_is_unhealthy_and_others_carry_on() -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     b = SimulatedBackend(load_profile("dgx-h100"), clock=clock)
     b.inject(3, FaultSpec(kind="lost", after_s=5))
     assert all(s.healthy for s in b.sample())

@@ -13,6 +13,7 @@ from gpudaemon.app import Agent
 from gpudaemon.backends.simulated import FaultSpec, SimulatedBackend, load_profile
 from gpudaemon.config import load_config
 from gpudaemon.kube.nodelabels import NodeLabelSink
+from tests.clock import FakeClock
 from tests.integration.kube.controlplane import ControlPlane, annotation
 
 pytestmark = pytest.mark.integration
@@ -21,17 +22,9 @@ P = "gpudaemon.io/"
 RECONCILE_S = 30.0  # the default labels schedule
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 @pytest.fixture
-def agent(control_plane: ControlPlane, node: str) -> Iterator[tuple[Agent, Clock]]:
-    clock = Clock()
+def agent(control_plane: ControlPlane, node: str) -> Iterator[tuple[Agent, FakeClock]]:
+    clock = FakeClock(1_800_000_000.0)
     cfg = load_config(
         environ={},
         overrides={
@@ -51,14 +44,14 @@ def agent(control_plane: ControlPlane, node: str) -> Iterator[tuple[Agent, Clock
         a.close()
 
 
-def cycle(a: Agent, clock: Clock) -> None:
+def cycle(a: Agent, clock: FakeClock) -> None:
     clock.t += RECONCILE_S
     assert a.poll_telemetry()
     assert a.reconcile_labels()
 
 
 def test_noisy_steady_load_changes_resource_version_at_most_once(
-    control_plane: ControlPlane, agent: tuple[Agent, Clock], node: str
+    control_plane: ControlPlane, agent: tuple[Agent, FakeClock], node: str
 ) -> None:
     a, clock = agent
     assert a.run_once()
@@ -83,7 +76,7 @@ def test_noisy_steady_load_changes_resource_version_at_most_once(
 
 
 def test_lost_gpu_reaches_label_and_annotation_within_one_reconcile(
-    control_plane: ControlPlane, agent: tuple[Agent, Clock], node: str
+    control_plane: ControlPlane, agent: tuple[Agent, FakeClock], node: str
 ) -> None:
     a, clock = agent
     assert a.run_once()
@@ -99,7 +92,7 @@ def test_lost_gpu_reaches_label_and_annotation_within_one_reconcile(
 
 
 def test_lease_heartbeat_renews_without_rewriting_the_node(
-    control_plane: ControlPlane, agent: tuple[Agent, Clock], node: str
+    control_plane: ControlPlane, agent: tuple[Agent, FakeClock], node: str
 ) -> None:
     a, clock = agent
     assert a.run_once()
