@@ -50,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--format", choices=["table", "json"], default="table")
     probe.add_argument("--prefix", default="gpudaemon.io/", help="label prefix")
 
+    ext = sub.add_parser("extender", help="run the kube-scheduler extender (scoring plugin)")
+    ext.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    ext.add_argument("--listen", metavar="HOST:PORT", help="address (default 0.0.0.0:9446)")
+    ext.add_argument("--policy", metavar="NAME", help="binpack | spread | fragmentation")
+    ext.add_argument("--log-json", action="store_true", help="log one JSON object per line")
+    ext.add_argument("--log-level", metavar="LEVEL", help="TRACE, DEBUG, INFO, WARNING, ERROR")
+
     sub.add_parser("version", help="print the version")
     return p
 
@@ -61,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "probe":
             return _probe(args)
+        if args.command == "extender":
+            return _extender(args)
         if args.command == "version":
             print(f"gpudaemon {__version__}")
             return 0
@@ -110,6 +119,28 @@ def _run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: agent.stop_event.set())
     return agent.run(once=args.once)
+
+
+def _extender(args: argparse.Namespace) -> int:
+    from gpudaemon.config import load_config
+    from gpudaemon.extender.app import Extender
+    from gpudaemon.logsetup import setup_logging
+
+    o: dict[str, Any] = {}
+    if args.listen:
+        o.setdefault("extender", {})["listen"] = args.listen
+    if args.policy:
+        o.setdefault("extender", {})["policy"] = args.policy
+    if args.log_json:
+        o.setdefault("logging", {})["json"] = True
+    if args.log_level:
+        o.setdefault("logging", {})["level"] = args.log_level
+    cfg = load_config(args.config, overrides=o)
+    setup_logging(cfg.logging.level, cfg.logging.json_)
+    ext = Extender(cfg)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: ext.stop_event.set())
+    return ext.run()
 
 
 def _probe(args: argparse.Namespace) -> int:

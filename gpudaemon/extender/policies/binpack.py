@@ -1,6 +1,6 @@
 """Bin-packing: the fewer healthy free GPUs a node has left after placement, the better.
 
-    raw = -(free_after) + 0.5 * utilization
+    raw = -(free_after) + w * utilization
 
 `free_after` moves in whole GPUs, so the utilization term (< 1) only breaks ties
 between nodes left equally full; among those the busier node wins, which keeps idle
@@ -16,6 +16,9 @@ from gpudaemon.extender.state import NodeState, PodShape
 class BinPack:
     name = "binpack"
 
+    def __init__(self, utilization_weight: float = 0.5) -> None:
+        self.utilization_weight = utilization_weight  # < 1: a tie-break, never more
+
     def raw_score(self, node: NodeState, pod: PodShape) -> float:
         free_after = node.gpus_free - pod.gpus
-        return -float(free_after) + 0.5 * utilization(node)
+        return -float(free_after) + self.utilization_weight * utilization(node)

@@ -1,0 +1,264 @@
+"""The extender's HTTP API: kube-scheduler's extender wire format over WSGI.
+
+Thin on purpose: decode `ExtenderArgs`, read node states from the caches, call the pure
+filter and policy functions, encode `ExtenderFilterResult` / `HostPriorityList`.
+The upstream types carry no JSON tags (Go matches keys case-insensitively), so keys
+are read in either case and written capitalised, as Go writes them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry, make_wsgi_app
+
+from gpudaemon.extender.cluster import ClusterState
+from gpudaemon.extender.metrics import ExtenderMetrics
+from gpudaemon.extender.podspec import pod_policy, pod_shape
+from gpudaemon.extender.policies.base import Policy
+from gpudaemon.extender.scoring import Rejection, best, check_node, to_levels
+from gpudaemon.extender.state import NodeState, PodShape
+
+StartResponse = Callable[..., Any]
+Readiness = Callable[[], tuple[bool, str]]
+JSON_HEADERS = [("Content-Type", "application/json")]
+
+
+class BadRequest(ValueError):
+    """The body is not a valid ExtenderArgs: answered 400 with this message."""
+
+
+@dataclass(frozen=True)
+class Args:
+    pod: Mapping[str, Any]
+    names: list[str]
+    nodes: list[Mapping[str, Any]] | None  # the full Node objects when not cache-capable
+
+
+def _key(d: Mapping[str, Any], name: str) -> Any:
+    if name in d:
+        return d[name]
+    lower = name.lower()
+    for k, v in d.items():
+        if isinstance(k, str) and k.lower() == lower:
+            return v
+    return None
+
+
+def parse_args(body: bytes) -> Args:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"body is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest(f"ExtenderArgs must be a JSON object, not {type(doc).__name__}")
+    pod = _key(doc, "Pod")
+    if not isinstance(pod, dict):
+        raise BadRequest("ExtenderArgs.Pod must be an object")
+    names = _key(doc, "NodeNames")
+    nodes = _key(doc, "Nodes")
+    if names is not None:
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise BadRequest("ExtenderArgs.NodeNames must be a list of strings")
+        return Args(pod, names, None)
+    if nodes is None:
+        raise BadRequest("ExtenderArgs needs NodeNames (nodeCacheCapable) or Nodes")
+    items = _key(nodes, "Items") if isinstance(nodes, dict) else None
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise BadRequest("ExtenderArgs.Nodes.Items must be a list of Node objects")
+    out_names = []
+    for i in items:
+        name = (i.get("metadata") or {}).get("name")
+        if not isinstance(name, str):
+            raise BadRequest("every Node in ExtenderArgs.Nodes needs metadata.name")
+        out_names.append(name)
+    return Args(pod, out_names, items)
+
+
+class ExtenderApi:
+    """The WSGI app. Decisions are serialised under one lock: a pod's ranking and the
+    assumption it leaves behind are one step, so concurrent requests (two scheduler
+    replicas, or retries) never score from a count another request is about to change."""
+
+    def __init__(
+        self,
+        cluster: ClusterState,
+        policies: Mapping[str, Policy],
+        default_policy: str,
+        registry: CollectorRegistry,
+        ready: Readiness,
+        *,
+        avoid_unhealthy: bool = True,
+        filter_picks_best: bool = False,
+        observe: Callable[[str, PodShape], None] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if default_policy not in policies:
+            raise ValueError(f"unknown policy {default_policy!r}")
+        self.cluster = cluster
+        self.policies = dict(policies)
+        self.default_policy = default_policy
+        self.metrics = ExtenderMetrics(registry)
+        self.ready = ready
+        self.avoid_unhealthy = avoid_unhealthy
+        self.filter_picks_best = filter_picks_best
+        self.observe = observe
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._metrics_app = make_wsgi_app(registry)
+
+    # -- WSGI ---------------------------------------------------------------------
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        method = environ.get("REQUEST_METHOD", "GET")
+        if path in ("/filter", "/prioritize"):
+            if method != "POST":
+                return _reply(start_response, "405 Method Not Allowed", {"Error": "use POST"})
+            return self._verb(path[1:], environ, start_response)
+        if path == "/metrics":
+            return self._metrics_app(environ, start_response)  # type: ignore[no-any-return]
+        if path == "/healthz":
+            return _text(start_response, "200 OK", "ok\n")
+        if path == "/readyz":
+            ok, why = self.ready()
+            return _text(start_response, "200 OK" if ok else "503 Service Unavailable", why + "\n")
+        return _text(
+            start_response,
+            "404 Not Found",
+            "not found: try POST /filter, POST /prioritize, /healthz, /readyz, /metrics\n",
+        )
+
+    def _verb(
+        self, verb: str, environ: dict[str, Any], start_response: StartResponse
+    ) -> Iterable[bytes]:
+        t0 = self.clock()
+        code = "200"
+        try:
+            try:
+                length = int(environ.get("CONTENT_LENGTH") or 0)
+            except ValueError:
+                length = -1
+            if length <= 0:
+                raise BadRequest("request body is empty (send ExtenderArgs as JSON)")
+            args = parse_args(environ["wsgi.input"].read(length))
+            result = self.filter(args) if verb == "filter" else self.prioritize(args)
+            return _reply(start_response, "200 OK", result)
+        except BadRequest as e:
+            code = "400"
+            return _reply(start_response, "400 Bad Request", {"Error": str(e)})
+        finally:
+            self.metrics.requests.labels(verb, code).inc()
+            self.metrics.request_seconds.labels(verb).observe(self.clock() - t0)
+
+    # -- verbs --------------------------------------------------------------------
+
+    def _shape(self, pod: Mapping[str, Any]) -> PodShape:
+        try:
+            return pod_shape(pod, self.cluster.product_label)
+        except ValueError as e:
+            raise BadRequest(f"pod resources: {e}") from None
+        except (AttributeError, TypeError):
+            raise BadRequest("pod spec is malformed (containers/resources)") from None
+
+    def _policy(self, pod: Mapping[str, Any]) -> Policy:
+        chosen = pod_policy(pod)
+        return self.policies.get(chosen or "", self.policies[self.default_policy])
+
+    def filter(self, args: Args) -> dict[str, Any]:
+        shape = self._shape(args.pod)
+        if shape.gpus <= 0:  # not ours to judge: pass everything through, quickly
+            return self._filter_result(args, args.names, {})
+        uid = _uid(args.pod)
+        if self.observe is not None:
+            self.observe(uid, shape)
+        failed: dict[str, str] = {}
+        passed: list[str] = []
+        with self._lock:
+            states = self.cluster.states(args.names)
+            fresh = self.cluster.freshness(args.names)
+            for name in args.names:
+                why = check_node(
+                    states[name], shape, fresh=fresh[name], avoid_unhealthy=self.avoid_unhealthy
+                )
+                if why is None:
+                    passed.append(name)
+                else:
+                    failed[name] = _reason(why)
+                    self.metrics.filter_nodes.labels(why.reason).inc()
+            if self.filter_picks_best and len(passed) > 1:
+                policy = self._policy(args.pod)
+                raw = {n: policy.raw_score(s, shape) for n in passed if (s := states[n])}
+                top = best(raw, passed)
+                if top is not None:
+                    for n in passed:
+                        if n != top:
+                            failed[n] = f"gpudaemon: {top} packs better ({policy.name})"
+                            self.metrics.filter_nodes.labels("not_best").inc()
+                    passed = [top]
+                    self._assume(uid, top, shape)
+        self.metrics.filter_nodes.labels("passed").inc(len(passed))
+        return self._filter_result(args, passed, failed)
+
+    def prioritize(self, args: Args) -> list[dict[str, Any]]:
+        shape = self._shape(args.pod)
+        if shape.gpus <= 0:
+            return [{"Host": n, "Score": 0} for n in args.names]
+        policy = self._policy(args.pod)
+        with self._lock:
+            states = self.cluster.states(args.names)
+            raw = {
+                name: policy.raw_score(s, shape)
+                for name in args.names
+                if (s := states[name]) is not None and s.can_host(shape)
+            }
+            levels = to_levels(raw)
+            top = best(raw, args.names)
+            if top is not None:
+                self._assume(_uid(args.pod), top, shape)
+        return [{"Host": n, "Score": levels.get(n, 0)} for n in args.names]
+
+    def _assume(self, uid: str, node: str, shape: PodShape) -> None:
+        if uid:
+            self.cluster.assume(uid, node, shape)
+            self.metrics.assumed.inc()
+
+    @staticmethod
+    def _filter_result(args: Args, passed: Sequence[str], failed: dict[str, str]) -> dict[str, Any]:
+        if args.nodes is None:
+            return {"NodeNames": list(passed), "FailedNodes": failed, "Error": ""}
+        keep = set(passed)
+        items = [n for n in args.nodes if (n.get("metadata") or {}).get("name") in keep]
+        return {"Nodes": {"items": items}, "FailedNodes": failed, "Error": ""}
+
+
+def _uid(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    uid = meta.get("uid") if isinstance(meta, dict) else None
+    return uid if isinstance(uid, str) else ""
+
+
+def _reason(r: Rejection) -> str:
+    return f"gpudaemon: {r.message}"
+
+
+def _reply(start_response: StartResponse, status: str, doc: object) -> list[bytes]:
+    body = orjson.dumps(doc)
+    start_response(status, [*JSON_HEADERS, ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def _text(start_response: StartResponse, status: str, text: str) -> list[bytes]:
+    body = text.encode()
+    start_response(
+        status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))]
+    )
+    return [body]
+
+
+__all__ = ["Args", "BadRequest", "ExtenderApi", "NodeState", "parse_args"]

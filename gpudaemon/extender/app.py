@@ -1,0 +1,151 @@
+"""Wiring for `gpudaemon extender`: client, caches, informers, policies, HTTP server.
+
+Shutdown order: stop serving (the scheduler falls back on its timeout), then stop the
+watches. The informer threads are daemons: a watch blocked on a silent server must not
+hold up exit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from loguru import logger
+from prometheus_client import CollectorRegistry
+
+from gpudaemon import __version__
+from gpudaemon.config import Config
+from gpudaemon.errors import ConfigError
+from gpudaemon.extender.api import ExtenderApi
+from gpudaemon.extender.cluster import ClusterState
+from gpudaemon.extender.informer import ListWatchClient, Reflector
+from gpudaemon.extender.metrics import CacheCollector
+from gpudaemon.extender.policies import BinPack, Policy, Spread
+from gpudaemon.httpserver import HttpServer
+from gpudaemon.kube.backoff import Backoff
+from gpudaemon.kube.client import KubeClient, find_credentials
+from gpudaemon.kube.lease import lease_path
+
+# Bound pods that still hold resources: terminal pods free theirs (kube-scheduler's rule).
+POD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+
+
+def make_policies(cfg: Config) -> dict[str, Policy]:
+    w = cfg.extender.utilization_weight
+    policies: dict[str, Policy] = {"binpack": BinPack(w), "spread": Spread(w)}
+    try:
+        from gpudaemon.extender.policies.fragmentation import (  # type: ignore[import-not-found,unused-ignore]
+            make_fragmentation,
+        )
+    except ImportError:  # pragma: no cover - the policy module is optional in this wiring
+        return policies
+    policies["fragmentation"] = make_fragmentation(cfg.extender, utilization_weight=w)
+    return policies
+
+
+class Extender:
+    def __init__(
+        self,
+        cfg: Config,
+        client: ListWatchClient | None = None,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        if client is None:
+            creds = find_credentials(cfg.kubernetes.kubeconfig)
+            if creds is None:
+                raise ConfigError(
+                    "extender: no Kubernetes credentials (not in a pod, no kubeconfig);"
+                    " set kubernetes.kubeconfig or $KUBECONFIG"
+                )
+            client = KubeClient.from_credentials(creds, cfg.kubernetes.request_timeout_seconds)
+        self.client = client
+        self.clock = clock
+        self.registry = registry or CollectorRegistry()
+        ext = cfg.extender
+        self.cluster = ClusterState(cfg.labels.prefix, assume_ttl_s=ext.assume_ttl_seconds)
+        cap = cfg.kubernetes.backoff_max_seconds
+        c = self.cluster
+        self.reflectors = [
+            Reflector(client, "nodes", "/api/v1/nodes", c.replace_nodes, c.node_event,
+                      backoff=Backoff(0.5, cap), clock=clock),
+            Reflector(client, "pods", "/api/v1/pods", c.replace_pods, c.pod_event,
+                      query={"fieldSelector": POD_SELECTOR}, backoff=Backoff(0.5, cap),
+                      clock=clock),
+            Reflector(client, "leases", lease_path(cfg.kubernetes.lease_namespace),
+                      c.replace_leases, c.lease_event, backoff=Backoff(0.5, cap), clock=clock),
+        ]  # fmt: skip
+        self.policies = make_policies(cfg)
+        if ext.policy not in self.policies:
+            raise ConfigError(f"extender.policy: {ext.policy!r} is not available")
+        observe = getattr(self.policies.get("fragmentation"), "observe", None)
+        self.api = ExtenderApi(
+            self.cluster,
+            self.policies,
+            ext.policy,
+            self.registry,
+            self.ready,
+            avoid_unhealthy=ext.avoid_unhealthy_nodes,
+            filter_picks_best=ext.filter_picks_best,
+            observe=observe,
+        )
+        self.registry.register(CacheCollector(self.cluster.sizes, self.cache_ages))
+        self.server = HttpServer(
+            ext.listen,
+            self.api,
+            name="extender",
+            threads=ext.threads,
+            max_body_bytes=ext.max_body_bytes,
+        )
+        self.stop_event = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def ready(self) -> tuple[bool, str]:
+        waiting = [r.kind for r in self.reflectors if not r.synced.is_set()]
+        if waiting:
+            return False, "waiting for the first list of: " + ", ".join(waiting)
+        return True, "ok"
+
+    def cache_ages(self) -> dict[str, float | None]:
+        now = self.clock()
+        return {
+            r.kind: None if r.last_sync_at is None else max(0.0, now - r.last_sync_at)
+            for r in self.reflectors
+        }
+
+    def start(self) -> None:
+        self.server.start()  # first: a bad listen address exits 2 before any API call
+        for r in self.reflectors:
+            t = threading.Thread(
+                target=r.run, args=(self.stop_event,), name=f"watch-{r.kind}", daemon=True
+            )
+            t.start()
+            self._threads.append(t)
+        logger.info(
+            "gpudaemon {} extender listening on {} (policy {}, policies: {})",
+            __version__,
+            self.server.listen,
+            self.cfg.extender.policy,
+            ", ".join(sorted(self.policies)),
+        )
+
+    def wait_synced(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        return all(r.synced.wait(max(0.0, deadline - time.monotonic())) for r in self.reflectors)
+
+    def run(self) -> int:
+        self.start()
+        try:
+            self.stop_event.wait()
+        finally:
+            self.close()
+        return 0
+
+    def close(self) -> None:
+        self.stop_event.set()
+        self.server.stop()
+        close = getattr(self.client, "close", None)
+        if callable(close):
+            close()

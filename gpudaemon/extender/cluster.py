@@ -1,0 +1,296 @@
+"""The extender's view of the cluster: one `NodeState` per node, kept current by the
+informers' handlers and by provisional placements ("assumed" pods).
+
+Free GPUs on a node = allocatable `nvidia.com/gpu` - requests of the non-terminal pods
+bound there - GPUs assumed for pods this extender ranked but has not yet seen bound.
+
+Why assume: the scheduler binds asynchronously and the pod watch lags by tens of ms, so
+in a burst several pods would be scored from the same stale count and pile onto the
+node that looked best. When prioritize ranks a node first for a pod, that pod's
+requests are counted on that node (keyed by pod UID) until the watch shows the pod
+bound (the real binding replaces the assumption, wherever it landed), the pod goes
+away, or `assume_ttl_s` passes (the scheduler chose a node we ranked lower and the
+pod is gone before we saw it, or it stayed pending).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpudaemon.extender.podspec import GPU_RESOURCE, pod_shape, quantity
+from gpudaemon.extender.state import NodeState, PodShape
+from gpudaemon.kube.lease import parse_time
+
+Obj = Mapping[str, Any]
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class _Pod:
+    node: str
+    shape: PodShape
+
+
+@dataclass(frozen=True, slots=True)
+class _Assumed:
+    node: str
+    shape: PodShape
+    expires_at: float
+
+
+def _expiry(lease: Obj) -> tuple[float | None, str]:
+    """(wall-clock expiry, owner Node UID) of a Lease, by the rule of
+    `gpudaemon.kube.lease.lease_is_fresh` (renewTime + leaseDurationSeconds), parsed
+    once per event instead of once per node per request."""
+    spec = lease.get("spec") or {}
+    owners = (lease.get("metadata") or {}).get("ownerReferences") or []
+    owner = next((str(o.get("uid", "")) for o in owners if o.get("kind") == "Node"), "")
+    renewed = parse_time(spec.get("renewTime"))
+    duration = spec.get("leaseDurationSeconds")
+    if renewed is None or not isinstance(duration, int) or isinstance(duration, bool):
+        return None, owner
+    return renewed.timestamp() + duration, owner
+
+
+class ClusterState:
+    """Thread-safe store fed by the Node, Pod and Lease informers."""
+
+    def __init__(
+        self,
+        prefix: str = "gpudaemon.io/",
+        *,
+        assume_ttl_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.prefix = prefix
+        self.product_label = prefix + "gpu.product"
+        self.assume_ttl_s = assume_ttl_s
+        self.clock, self.wall = clock, wall
+        self._lock = threading.RLock()
+        self._nodes: dict[str, NodeState] = {}  # without pod usage
+        self._node_uids: dict[str, str] = {}
+        self._pods: dict[str, _Pod] = {}  # by UID, bound and non-terminal only
+        self._usage: dict[str, tuple[int, int, int]] = {}  # node -> (gpus, cpu m, mem B)
+        self._assumed: dict[str, _Assumed] = {}  # by pod UID
+        self._leases: dict[str, tuple[float | None, str]] = {}  # node -> (expiry, owner)
+        self._states: dict[str, NodeState] = {}  # cache of node + usage, per node
+
+    # -- nodes --------------------------------------------------------------------
+
+    def replace_nodes(self, items: Iterable[Obj]) -> None:
+        with self._lock:
+            self._nodes.clear()
+            self._node_uids.clear()
+            self._states.clear()
+            for obj in items:
+                self._put_node(obj)
+
+    def node_event(self, kind: str, obj: Obj) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        with self._lock:
+            if kind == "DELETED":
+                self._nodes.pop(name, None)
+                self._node_uids.pop(name, None)
+                self._states.pop(name, None)
+            else:
+                self._put_node(obj)
+
+    def _put_node(self, obj: Obj) -> None:
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        labels = meta.get("labels") or {}
+        alloc = (obj.get("status") or {}).get("allocatable") or {}
+        p = self.prefix
+        has_agent = (p + "gpu.count") in labels
+        count = _int(labels.get(p + "gpu.count"))
+        healthy = _int(labels.get(p + "gpu.healthy"), default=count)
+        self._nodes[name] = NodeState(
+            name=name,
+            gpu_model=str(labels.get(self.product_label, "")),
+            gpus_allocatable=int(_q(alloc.get(GPU_RESOURCE))),
+            gpus_unhealthy=max(0, count - healthy),
+            cpu_allocatable_milli=int(_q(alloc.get("cpu")) * 1000),
+            memory_allocatable_bytes=int(_q(alloc.get("memory"))),
+            utilization_ratio=_mean_utilization((meta.get("annotations") or {}).get(p + "gpus")),
+            has_agent_labels=has_agent,
+        )
+        self._node_uids[name] = str(meta.get("uid", ""))
+        self._states.pop(name, None)
+
+    # -- pods ---------------------------------------------------------------------
+
+    def replace_pods(self, items: Iterable[Obj]) -> None:
+        with self._lock:
+            self._pods.clear()
+            self._usage.clear()
+            self._states.clear()
+            for obj in items:
+                self._put_pod(obj)
+
+    def pod_event(self, kind: str, obj: Obj) -> None:
+        with self._lock:
+            if kind == "DELETED":
+                uid = str((obj.get("metadata") or {}).get("uid", ""))
+                self._drop_pod(uid)
+                self._drop_assumed(uid)
+            else:
+                self._put_pod(obj)
+
+    def _put_pod(self, obj: Obj) -> None:
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        node = str((obj.get("spec") or {}).get("nodeName") or "")
+        phase = (obj.get("status") or {}).get("phase")
+        self._drop_pod(uid)
+        if not node:
+            return
+        self._drop_assumed(uid)  # bound: the real placement replaces the assumption
+        if phase in TERMINAL_PHASES:
+            return
+        try:
+            shape = pod_shape(obj, self.product_label)
+        except ValueError:  # a quantity the API server accepted but we cannot read
+            return
+        self._pods[uid] = _Pod(node, shape)
+        self._add_usage(node, shape, +1)
+
+    def _drop_pod(self, uid: str) -> None:
+        old = self._pods.pop(uid, None)
+        if old is not None:
+            self._add_usage(old.node, old.shape, -1)
+
+    def _add_usage(self, node: str, s: PodShape, sign: int) -> None:
+        g, c, m = self._usage.get(node, (0, 0, 0))
+        g, c, m = g + sign * s.gpus, c + sign * s.cpu_milli, m + sign * s.memory_bytes
+        if (g, c, m) == (0, 0, 0):
+            self._usage.pop(node, None)
+        else:
+            self._usage[node] = (g, c, m)
+        self._states.pop(node, None)
+
+    # -- leases -------------------------------------------------------------------
+
+    def replace_leases(self, items: Iterable[Obj]) -> None:
+        with self._lock:
+            self._leases.clear()
+            for obj in items:
+                self.lease_event("ADDED", obj)
+
+    def lease_event(self, kind: str, obj: Obj) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        with self._lock:
+            if kind == "DELETED":
+                self._leases.pop(name, None)
+            else:
+                self._leases[name] = _expiry(obj)
+
+    def fresh(self, name: str) -> bool:
+        """The agent's Lease is unexpired and owned by this Node object (a Lease left
+        from a deleted Node of the same name vouches for nothing)."""
+        with self._lock:
+            expiry, owner = self._leases.get(name, (None, ""))
+            if expiry is None:
+                return False
+            uid = self._node_uids.get(name, "")
+            if owner and uid and owner != uid:
+                return False
+            return self.wall() < expiry
+
+    # -- assumptions --------------------------------------------------------------
+
+    def assume(self, pod_uid: str, node: str, shape: PodShape) -> None:
+        """Count the pod on `node` until the watch reports where it really went."""
+        if not pod_uid or shape.gpus <= 0:
+            return
+        with self._lock:
+            if pod_uid in self._pods:  # already bound: nothing to assume
+                return
+            self._drop_assumed(pod_uid)
+            self._assumed[pod_uid] = _Assumed(node, shape, self.clock() + self.assume_ttl_s)
+            self._add_usage(node, shape, +1)
+
+    def _drop_assumed(self, uid: str) -> None:
+        a = self._assumed.pop(uid, None)
+        if a is not None:
+            self._add_usage(a.node, a.shape, -1)
+
+    def _expire_assumed(self) -> None:
+        now = self.clock()
+        for uid in [u for u, a in self._assumed.items() if a.expires_at <= now]:
+            self._drop_assumed(uid)
+
+    # -- reads --------------------------------------------------------------------
+
+    def states(self, names: Iterable[str]) -> dict[str, NodeState | None]:
+        """Current state of each named node (None: not in the cache)."""
+        with self._lock:
+            if self._assumed:
+                self._expire_assumed()
+            out: dict[str, NodeState | None] = {}
+            for name in names:
+                st = self._states.get(name)
+                if st is None:
+                    base = self._nodes.get(name)
+                    if base is not None:
+                        g, c, m = self._usage.get(name, (0, 0, 0))
+                        st = replace(
+                            base, gpus_requested=g, cpu_requested_milli=c, memory_requested_bytes=m
+                        )
+                        self._states[name] = st
+                out[name] = st
+            return out
+
+    def freshness(self, names: Iterable[str]) -> dict[str, bool]:
+        with self._lock:
+            return {n: self.fresh(n) for n in names}
+
+    def sizes(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "nodes": len(self._nodes),
+                "pods": len(self._pods),
+                "leases": len(self._leases),
+                "assumed": len(self._assumed),
+            }
+
+
+def _q(v: object) -> float:
+    if v is None:
+        return 0.0
+    try:
+        return quantity(v)
+    except ValueError:
+        return 0.0
+
+
+def _int(v: object, default: int = 0) -> int:
+    try:
+        return int(str(v))
+    except (TypeError, ValueError):
+        return default
+
+
+def _mean_utilization(annotation: object) -> float | None:
+    """Mean `utilization_pct` of the agent's `gpus` annotation, as a ratio."""
+    if not isinstance(annotation, str):
+        return None
+    try:
+        entries = json.loads(annotation)
+    except ValueError:
+        return None
+    vals = (
+        [
+            e["utilization_pct"]
+            for e in entries
+            if isinstance(e, dict) and isinstance(e.get("utilization_pct"), int | float)
+        ]
+        if isinstance(entries, list)
+        else []
+    )
+    return sum(vals) / len(vals) / 100.0 if vals else None

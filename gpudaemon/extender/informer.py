@@ -1,0 +1,108 @@
+"""List + watch one kind into a handler, like client-go's reflector.
+
+List, hand the items to `on_replace`, then watch from the list's resourceVersion and
+hand each event to `on_event`. A 410 (version too old) relists at once; any other
+failure waits out a jittered backoff and relists, so a restarted API server cannot be
+hammered by a fleet of extenders. Readers never call the API: they read the store the
+handlers maintain.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+from loguru import logger
+
+from gpudaemon.errors import KubeError, KubeGoneError
+from gpudaemon.kube.backoff import Backoff
+
+Obj = dict[str, Any]
+
+
+class ListWatchClient(Protocol):
+    def list_items(
+        self, path: str, query: Mapping[str, str] | None = None
+    ) -> tuple[list[Obj], str]: ...
+
+    def watch(
+        self,
+        path: str,
+        resource_version: str,
+        timeout_s: float = 300.0,
+        query: Mapping[str, str] | None = None,
+    ) -> Iterator[tuple[str, Obj]]: ...
+
+
+class Reflector:
+    """Keeps one collection mirrored; `synced` once the first list has landed."""
+
+    def __init__(
+        self,
+        client: ListWatchClient,
+        kind: str,
+        path: str,
+        on_replace: Callable[[list[Obj]], None],
+        on_event: Callable[[str, Obj], None],
+        *,
+        query: Mapping[str, str] | None = None,
+        watch_timeout_s: float = 300.0,
+        backoff: Backoff | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client, self.kind, self.path = client, kind, path
+        self.on_replace, self.on_event = on_replace, on_event
+        self.query = dict(query or {})
+        self.watch_timeout_s = watch_timeout_s
+        self.backoff = backoff or Backoff(0.5, 30.0)
+        self.clock = clock
+        self.synced = threading.Event()
+        self.last_sync_at: float | None = None  # last list or event, for the cache-age metric
+        self.relists = 0
+        self._failing = False
+
+    def run(self, stop: threading.Event) -> None:
+        """Until `stop` is set. Never raises: errors are logged once per outage."""
+        while not stop.is_set():
+            try:
+                rv = self._list()
+                self._watch(rv, stop)
+            except KubeGoneError:
+                logger.debug("{} watch: resourceVersion too old, relisting", self.kind)
+                self.relists += 1
+                continue
+            except KubeError as e:
+                if not self._failing:
+                    logger.warning("{} watch failed, retrying with backoff: {}", self.kind, e)
+                self._failing = True
+                stop.wait(self.backoff.next_delay())
+                self.relists += 1
+            except Exception as e:  # a bug must not end the watch for good
+                logger.exception("{} watch: unexpected error: {}", self.kind, e)
+                stop.wait(self.backoff.next_delay())
+                self.relists += 1
+
+    def _list(self) -> str:
+        items, rv = self.client.list_items(self.path, self.query)
+        self.on_replace(items)
+        self.last_sync_at = self.clock()
+        self.synced.set()
+        if self._failing:
+            logger.info("{} watch: connected again ({} objects)", self.kind, len(items))
+        self._failing = False
+        self.backoff.reset()
+        return rv
+
+    def _watch(self, rv: str, stop: threading.Event) -> None:
+        while not stop.is_set():
+            for kind, obj in self.client.watch(self.path, rv, self.watch_timeout_s, self.query):
+                if stop.is_set():
+                    return
+                new_rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                if kind != "BOOKMARK":
+                    self.on_event(kind, obj)
+                rv = new_rv
+                self.last_sync_at = self.clock()
+            # The server ended the watch (timeoutSeconds): resume from the last version.

@@ -1,0 +1,75 @@
+"""The extender's own metrics: request latency by verb, filter outcomes by reason,
+and the caches' sizes and ages (a watch that silently stopped shows as a growing age)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+# Sub-millisecond to the scheduler's usual 5 s httpTimeout.
+_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class ExtenderMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.request_seconds = Histogram(
+            "gpudaemon_extender_request_duration_seconds",
+            "Time to answer a scheduler request, by verb.",
+            ["verb"],
+            buckets=_BUCKETS_S,
+            registry=registry,
+        )
+        self.requests = Counter(
+            "gpudaemon_extender_requests_total",
+            "Scheduler requests by verb and HTTP status code.",
+            ["verb", "code"],
+            registry=registry,
+        )
+        self.filter_nodes = Counter(
+            "gpudaemon_extender_filter_nodes_total",
+            "Nodes judged by /filter, by result (passed, or why the node was removed).",
+            ["result"],
+            registry=registry,
+        )
+        self.assumed = Counter(
+            "gpudaemon_extender_assumed_pods_total",
+            "Pods provisionally counted on the node ranked best for them.",
+            registry=registry,
+        )
+        for r in ("passed", "no_agent", "stale", "unhealthy", "insufficient_gpus", "not_best"):
+            self.filter_nodes.labels(r)
+        for v in ("filter", "prioritize"):
+            self.request_seconds.labels(v)
+
+
+class CacheCollector(Collector):
+    """Reads sizes and ages at scrape time from the caches (no API calls)."""
+
+    def __init__(
+        self,
+        sizes: Callable[[], Mapping[str, int]],
+        ages_s: Callable[[], Mapping[str, float | None]],
+    ) -> None:
+        self.sizes, self.ages_s = sizes, ages_s
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        objects = GaugeMetricFamily(
+            "gpudaemon_extender_cache_objects",
+            "Objects in the extender's caches (assumed: pods counted before their binding).",
+            labels=["kind"],
+        )
+        for kind, n in sorted(self.sizes().items()):
+            objects.add_metric([kind], n)
+        yield objects
+        age = GaugeMetricFamily(
+            "gpudaemon_extender_cache_age_seconds",
+            "Seconds since the cache last heard from its watch (list, event or bookmark).",
+            labels=["kind"],
+        )
+        for kind, a in sorted(self.ages_s().items()):
+            if a is not None:
+                age.add_metric([kind], a)
+        yield age
