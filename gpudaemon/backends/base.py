@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from gpudaemon.model import GpuSample, NodeInventory
@@ -11,8 +12,38 @@ from gpudaemon.model import GpuSample, NodeInventory
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 
+LOST_REASON = "gpu lost"
+
+
 def is_critical_xid(xid: int) -> bool:
     return xid not in APPLICATION_XIDS
+
+
+def health_reason(*, lost: bool, critical_xid: int | None, ecc_uncorrected: int | None) -> str:
+    """The one health policy for every backend: why a GPU is unhealthy, "" if it is not.
+
+    Precedence: a lost GPU, then the first critical XID seen (sticky until the driver
+    reloads, as the counters are), then uncorrected ECC errors.
+    """
+    if lost:
+        return LOST_REASON
+    if critical_xid is not None:
+        return f"xid {critical_xid}"
+    if ecc_uncorrected:
+        return "ecc uncorrected errors"
+    return ""
+
+
+def lost_sample(index: int, uuid: str, xid_errors_total: Mapping[int, int]) -> GpuSample:
+    """What a lost GPU reports: unhealthy, no readings (absent, not 0), its XID counts."""
+    return GpuSample(
+        index=index,
+        uuid=uuid,
+        healthy=False,
+        health_reason=LOST_REASON,
+        lost=True,
+        xid_errors_total=dict(xid_errors_total),
+    )
 
 
 class Backend(Protocol):

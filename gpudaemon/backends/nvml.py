@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from loguru import logger
 
-from gpudaemon.backends.base import is_critical_xid
+from gpudaemon.backends.base import health_reason, is_critical_xid, lost_sample
 from gpudaemon.errors import BackendError, NvmlUnavailableError
 from gpudaemon.logsetup import LogLimiter
 from gpudaemon.model import GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
@@ -49,7 +49,7 @@ class NvmlBackend:
         self._infos: dict[int, GpuInfo] = {}
         self._lost: set[int] = set()
         self._xids: dict[int, dict[int, int]] = {}
-        self._xid_unhealthy: dict[int, str] = {}
+        self._first_critical_xid: dict[int, int] = {}
         self._warn_once = LogLimiter()  # per (reading, GPU): once, ever
         self._bad_identity: set[tuple[int, str]] = set()
         self._xid_lock = threading.Lock()  # the event thread writes, sample() reads
@@ -240,16 +240,7 @@ class NvmlBackend:
                     out.append(self._sample_one(i, h, uuid))
                 except _Lost:
                     self._mark_lost(i)
-                    out.append(
-                        GpuSample(
-                            index=i,
-                            uuid=uuid,
-                            healthy=False,
-                            health_reason="gpu lost",
-                            lost=True,
-                            xid_errors_total=self._xid_counts(i),
-                        )
-                    )
+                    out.append(lost_sample(i, uuid, self._xid_counts(i)))
             return tuple(out)
 
     def _sample_one(self, i: int, h: Any, uuid: str) -> GpuSample:
@@ -276,9 +267,10 @@ class NvmlBackend:
         info = self._infos.get(i)
         migs = tuple(self._mig_sample(i, m) for m in info.mig_devices) if info else ()
         with self._xid_lock:
-            reason = self._xid_unhealthy.get(i, "")
-        if dbe:
-            reason = reason or "ecc uncorrected errors"
+            critical_xid = self._first_critical_xid.get(i)
+        reason = health_reason(
+            lost=False, critical_xid=critical_xid, ecc_uncorrected=int(dbe) if dbe else None
+        )
         return GpuSample(
             index=i,
             uuid=uuid,
@@ -395,8 +387,8 @@ class NvmlBackend:
         with self._xid_lock:
             counts = self._xids.setdefault(index, {})
             counts[xid] = counts.get(xid, 0) + 1
-            if is_critical_xid(xid) and index not in self._xid_unhealthy:
-                self._xid_unhealthy[index] = f"xid {xid}"
+            if is_critical_xid(xid):
+                self._first_critical_xid.setdefault(index, xid)
         level = "ERROR" if is_critical_xid(xid) else "WARNING"
         logger.log(level, "GPU {}: XID {} reported by the driver", index, xid)
 

@@ -29,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from gpudaemon.backends.base import is_critical_xid
+from gpudaemon.backends.base import health_reason, is_critical_xid, lost_sample
 from gpudaemon.errors import ProfileError
 from gpudaemon.model import MIB, GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
 
@@ -204,7 +204,7 @@ class _SimGpu:
     ecc_corrected: int = 0
     ecc_uncorrected: int = 0
     lost: bool = False
-    unhealthy_reason: str = ""
+    first_critical_xid: int | None = None
 
 
 class SimulatedBackend:
@@ -308,16 +308,13 @@ class SimulatedBackend:
                 continue
             if f.kind == "lost":
                 g.lost = True
-                g.unhealthy_reason = "gpu lost"
             elif f.kind == "xid":
                 g.xids[f.xid] = g.xids.get(f.xid, 0) + f.count
-                if is_critical_xid(f.xid) and not g.unhealthy_reason:
-                    g.unhealthy_reason = f"xid {f.xid}"
+                if is_critical_xid(f.xid) and g.first_critical_xid is None:
+                    g.first_critical_xid = f.xid
             else:
                 g.ecc_corrected += f.corrected
                 g.ecc_uncorrected += f.uncorrected
-                if f.uncorrected and not g.unhealthy_reason:
-                    g.unhealthy_reason = "ecc uncorrected errors"
         g.faults = pending
 
     def _utilization(self, g: _SimGpu, rng: random.Random, elapsed: float) -> float:
@@ -342,14 +339,10 @@ class SimulatedBackend:
         info, spec = g.info, g.spec
         xids = dict(g.xids)
         if g.lost:
-            return GpuSample(
-                index=info.index,
-                uuid=info.uuid,
-                healthy=False,
-                health_reason="gpu lost",
-                lost=True,
-                xid_errors_total=xids,
-            )
+            return lost_sample(info.index, info.uuid, xids)
+        reason = health_reason(
+            lost=False, critical_xid=g.first_critical_xid, ecc_uncorrected=g.ecc_uncorrected
+        )
         rng = random.Random(f"{self.seed}:{info.index}:{self._polls}")
         util = self._utilization(g, rng, elapsed)
         mean = 0.0 if spec.utilization.pattern == "idle" else spec.utilization.mean
@@ -370,8 +363,8 @@ class SimulatedBackend:
         return GpuSample(
             index=info.index,
             uuid=info.uuid,
-            healthy=not g.unhealthy_reason,
-            health_reason=g.unhealthy_reason,
+            healthy=not reason,
+            health_reason=reason,
             gpu_utilization_ratio=round(util, 4),
             memory_utilization_ratio=round(min(1.0, util * 0.6), 4),
             memory_used_bytes=used,
