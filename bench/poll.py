@@ -27,8 +27,8 @@ from prometheus_client import CollectorRegistry
 from gpudaemon.app import Agent
 from gpudaemon.backends.simulated import SimulatedBackend, parse_profile
 from gpudaemon.config import load_config
+from gpudaemon.labels.outputs import NullSink
 from gpudaemon.model import GpuSample, NodeInventory
-from gpudaemon.sinks.local import NullSink
 
 TARGET_MS = 0.3
 SMI_FIELDS = (

@@ -16,12 +16,13 @@ from gpudaemon.cache import Cache
 from gpudaemon.config import Config
 from gpudaemon.errors import GpudaemonError, NvmlUnavailableError
 from gpudaemon.labels import LabelSet, NodeLabeler
+from gpudaemon.labels.outputs import FileSink, NfdSink, NullSink, StdoutSink
 from gpudaemon.metrics.agent import AgentMetrics
-from gpudaemon.metrics.collector import GpuCollector, PodMap
+from gpudaemon.metrics.collector import GpuCollector
 from gpudaemon.metrics.http import HttpServer, make_app
+from gpudaemon.model import PodMap
 from gpudaemon.podresources import PodAttribution
 from gpudaemon.schedule import CronScheduler
-from gpudaemon.sinks.local import FileSink, NfdSink, NullSink, StdoutSink
 
 
 class LabelSink(Protocol):

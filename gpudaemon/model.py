@@ -87,6 +87,19 @@ class GpuSample:
 
 
 @dataclass(frozen=True)
+class PodRef:
+    """The container a GPU or MIG instance is assigned to (kubelet pod-resources)."""
+
+    pod: str
+    namespace: str
+    container: str
+
+
+# device id (GPU or MIG UUID) -> the container it is assigned to
+PodMap = Mapping[str, PodRef]
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """What the cache hands out: immutable, so readers never need a lock.
 

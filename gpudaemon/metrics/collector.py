@@ -7,7 +7,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from types import MappingProxyType
 
 from loguru import logger
@@ -24,7 +23,7 @@ from gpudaemon.metrics.catalogue import (
     XID_ERRORS,
 )
 from gpudaemon.metrics.exposition import encode_families
-from gpudaemon.model import GpuInfo, Snapshot
+from gpudaemon.model import GpuInfo, PodMap, Snapshot
 
 
 class _RenderState(threading.local):
@@ -45,17 +44,6 @@ def without_gpus() -> Iterator[None]:
         _render.skip_gpus = False
 
 
-@dataclass(frozen=True)
-class PodRef:
-    """The container a GPU or MIG instance is assigned to (kubelet pod-resources)."""
-
-    pod: str
-    namespace: str
-    container: str
-
-
-# device id (GPU or MIG UUID) -> the container it is assigned to
-PodMap = Mapping[str, PodRef]
 # Unattributed series carry pod="" etc., which Prometheus stores as "label absent".
 GPU_LABELS = ["gpu", "uuid", "model", "node", "pod", "namespace", "container"]
 MIG_LABELS = [*GPU_LABELS, "mig_uuid", "mig_profile", "gpu_instance_id"]

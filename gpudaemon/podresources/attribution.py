@@ -12,7 +12,7 @@ from types import MappingProxyType
 
 from loguru import logger
 
-from gpudaemon.metrics.collector import PodMap
+from gpudaemon.model import PodMap
 from gpudaemon.podresources.client import (
     DEFAULT_SOCKET,
     DEFAULT_TIMEOUT_S,

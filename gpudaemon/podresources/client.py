@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import grpc
 
 from gpudaemon.errors import GpudaemonError
-from gpudaemon.metrics.collector import PodMap, PodRef
+from gpudaemon.model import PodMap, PodRef
 from gpudaemon.podresources._gen import api_pb2, api_pb2_grpc
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"

@@ -14,8 +14,8 @@ from gpudaemon.backends.simulated import SimulatedBackend, load_profile
 from gpudaemon.config import load_config
 from gpudaemon.history.transport import Transport
 from gpudaemon.history.writer import InfluxWriter
+from gpudaemon.labels.outputs import StdoutSink
 from gpudaemon.metrics.catalogue import GPU_METRICS
-from gpudaemon.sinks.local import StdoutSink
 
 T0 = 1_700_000_000.0  # 2023-11-14: a fixed, realistic start for the injected clock
 PERIOD = 10.0

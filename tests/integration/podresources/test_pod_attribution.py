@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry
 
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
 from gpudaemon.cache import Cache
-from gpudaemon.metrics.collector import GpuCollector, PodRef
+from gpudaemon.metrics.collector import GpuCollector
+from gpudaemon.model import PodRef
 from gpudaemon.podresources import PodAttribution, PodResourcesError, list_pod_resources
 from gpudaemon.podresources.client import device_map
 from tests.integration.podresources.fake_kubelet import KubeletServer, pod

@@ -8,8 +8,17 @@ from prometheus_client import CollectorRegistry
 
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
 from gpudaemon.cache import Cache
-from gpudaemon.metrics.collector import GpuCollector, PodMap, PodRef
-from gpudaemon.model import MIB, GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
+from gpudaemon.metrics.collector import GpuCollector
+from gpudaemon.model import (
+    MIB,
+    GpuInfo,
+    GpuSample,
+    MigDevice,
+    MigSample,
+    NodeInventory,
+    PodMap,
+    PodRef,
+)
 
 NODE = "node-a"
 H100 = "NVIDIA H100 80GB HBM3"

@@ -15,8 +15,8 @@ from gpudaemon.app import Agent
 from gpudaemon.backends.simulated import FaultSpec, SimulatedBackend, load_profile
 from gpudaemon.config import Config, load_config
 from gpudaemon.errors import BackendError
+from gpudaemon.labels.outputs import NullSink
 from gpudaemon.model import GpuSample, NodeInventory
-from gpudaemon.sinks.local import NullSink
 from tests.support import http_get
 
 

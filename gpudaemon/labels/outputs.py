@@ -1,4 +1,5 @@
-"""Local label outputs: stdout, a JSON file, an NFD feature file, or none.
+"""Where labels go besides the API server: stdout, a JSON file, an NFD feature file,
+or none (the API server writer is gpudaemon.kube.nodelabels).
 
 Each skips the write when nothing changed and writes files atomically (temp file +
 rename), so NFD's local source never reads a half-written file.
