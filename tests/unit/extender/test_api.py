@@ -1,0 +1,211 @@
+"""The HTTP layer: upstream wire format in both key cases, 400s with reasons, no-GPU
+pods passed through, assumptions under concurrency."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpudaemon.extender.api import ExtenderApi
+from gpudaemon.extender.cluster import ClusterState
+from gpudaemon.extender.policies import BinPack, Spread
+from tests.clock import FakeClock
+from tests.unit.extender.test_cluster import lease_obj, node_obj, pod_obj
+
+
+def make_api(**kw: Any) -> tuple[ExtenderApi, ClusterState, CollectorRegistry]:
+    wall = FakeClock()
+    c = ClusterState("gpudaemon.io/", wall=wall)
+    c.replace_nodes(
+        [
+            node_obj("a", uid="a"),
+            node_obj("b", uid="b"),
+            node_obj("c", uid="c"),
+            node_obj("sick", healthy=7, uid="sick"),
+            node_obj("old", uid="old"),
+        ]
+    )
+    c.replace_pods([pod_obj("x1", "a", 6), pod_obj("x2", "b", 2)])
+    c.replace_leases(
+        [lease_obj(n, wall(), 300, owner_uid=n) for n in ("a", "b", "c", "sick")]
+        + [lease_obj("old", wall() - 1000, 300, owner_uid="old")]
+    )
+    reg = CollectorRegistry()
+    api = ExtenderApi(
+        c, {"binpack": BinPack(), "spread": Spread()}, "binpack", reg, lambda: (True, "ok"), **kw
+    )
+    return api, c, reg
+
+
+def call(
+    api: ExtenderApi, path: str, body: bytes | None = None, method: str = "POST"
+) -> tuple[str, Any]:
+    status: list[str] = []
+    env = {
+        "PATH_INFO": path,
+        "REQUEST_METHOD": method,
+        "CONTENT_LENGTH": str(len(body or b"")),
+        "wsgi.input": io.BytesIO(body or b""),
+        "QUERY_STRING": "",
+    }
+    out = b"".join(api(env, lambda s, h: status.append(s)))
+    ctype = "json" if out[:1] in (b"{", b"[") else "text"
+    return status[0], json.loads(out) if ctype == "json" else out.decode()
+
+
+def pod(uid: str, gpus: int, policy: str | None = None) -> dict[str, Any]:
+    p = pod_obj(uid, "", gpus)
+    if policy:
+        p["metadata"]["annotations"] = {"gpudaemon.io/policy": policy}
+    return p
+
+
+NAMES = ["a", "b", "c", "sick", "old", "ghost"]
+
+
+@pytest.mark.parametrize(
+    ("pod_key", "names_key"), [("Pod", "NodeNames"), ("pod", "nodenames"), ("POD", "nodeNames")]
+)
+def test_filter_reads_either_key_case_and_gives_reasons(pod_key: str, names_key: str) -> None:
+    api, _, reg = make_api()
+    status, res = call(
+        api, "/filter", json.dumps({pod_key: pod("p", 4), names_key: NAMES}).encode()
+    )
+    assert status.startswith("200")
+    assert res["NodeNames"] == ["c", "b"] or sorted(res["NodeNames"]) == ["b", "c"]
+    failed = res["FailedNodes"]
+    assert set(failed) == {"a", "sick", "old", "ghost"}
+    assert "needs 4 GPU(s), 2 healthy free" in failed["a"]
+    assert (
+        "unhealthy" in failed["sick"]
+        and "stale" in failed["old"]
+        and "no gpudaemon agent" in failed["ghost"]
+    )
+    assert reg.get_sample_value("gpudaemon_extender_filter_nodes_total", {"result": "stale"}) == 1
+    assert reg.get_sample_value("gpudaemon_extender_filter_nodes_total", {"result": "passed"}) == 2
+
+
+def test_filter_with_full_node_objects_returns_node_objects() -> None:
+    api, _, _ = make_api()
+    items = [{"metadata": {"name": n}} for n in ("a", "c")]
+    _, res = call(
+        api, "/filter", json.dumps({"Pod": pod("p", 4), "Nodes": {"items": items}}).encode()
+    )
+    assert [n["metadata"]["name"] for n in res["Nodes"]["items"]] == ["c"]
+
+
+def test_prioritize_binpacks_and_assumes_the_best() -> None:
+    api, _c, _ = make_api()
+    _, res = call(
+        api, "/prioritize", json.dumps({"Pod": pod("p1", 2), "NodeNames": ["a", "b", "c"]}).encode()
+    )
+    scores = {h["Host"]: h["Score"] for h in res}
+    assert scores == {"a": 10, "b": 9, "c": 8}  # a: 0 left, b: 4 left, c: 6 left
+    # p1 is now assumed on a: a second pod sees a full, so b is best
+    _, res = call(
+        api, "/prioritize", json.dumps({"Pod": pod("p2", 2), "NodeNames": ["a", "b", "c"]}).encode()
+    )
+    scores = {h["Host"]: h["Score"] for h in res}
+    assert scores["a"] == 0 and scores["b"] == 10
+
+
+def test_pod_annotation_picks_the_policy() -> None:
+    api, _, _ = make_api()
+    _, res = call(
+        api,
+        "/prioritize",
+        json.dumps({"Pod": pod("p", 1, "spread"), "NodeNames": ["a", "b", "c"]}).encode(),
+    )
+    assert max(res, key=lambda h: h["Score"])["Host"] == "c"
+
+
+def test_pod_without_gpus_passes_through_neutrally() -> None:
+    api, _, _ = make_api()
+    _, f = call(api, "/filter", json.dumps({"Pod": pod("p", 0), "NodeNames": NAMES}).encode())
+    assert f["NodeNames"] == NAMES and f["FailedNodes"] == {}
+    _, p = call(api, "/prioritize", json.dumps({"Pod": pod("p", 0), "NodeNames": NAMES}).encode())
+    assert {h["Score"] for h in p} == {0}
+
+
+def test_filter_picks_best_returns_one_node_and_assumes_it() -> None:
+    api, c, _ = make_api(filter_picks_best=True)
+    _, res = call(
+        api, "/filter", json.dumps({"Pod": pod("p", 2), "NodeNames": ["a", "b", "c"]}).encode()
+    )
+    assert res["NodeNames"] == ["a"]
+    assert "packs better" in res["FailedNodes"]["b"]
+    assert c.states(["a"])["a"].gpus_free == 0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"", "empty"),
+        (b"{not json", "not valid JSON"),
+        (b"[]", "must be a JSON object"),
+        (b'{"NodeNames": ["a"]}', "Pod must be an object"),
+        (b'{"Pod": 3, "NodeNames": ["a"]}', "Pod must be an object"),
+        (b'{"Pod": {}, "NodeNames": "a"}', "NodeNames must be a list of strings"),
+        (b'{"Pod": {}, "NodeNames": [1]}', "NodeNames must be a list of strings"),
+        (b'{"Pod": {}}', "needs NodeNames"),
+        (b'{"Pod": {}, "Nodes": {"items": 3}}', "Items must be a list"),
+        (b'{"Pod": {}, "Nodes": {"items": [{"metadata": {}}]}}', "metadata.name"),
+        (
+            b'{"Pod": {"spec": {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "x"}}}]}}, "NodeNames": []}',
+            "bad quantity",
+        ),
+        (b'{"Pod": {"spec": {"containers": "zz"}}, "NodeNames": []}', "malformed"),
+        (b'{"Pod": {"spec": 5}, "NodeNames": []}', "malformed"),
+    ],
+)
+def test_bad_bodies_get_400_with_a_reason(body: bytes, reason: str) -> None:
+    api, _, reg = make_api()
+    for verb in ("/filter", "/prioritize"):
+        status, res = call(api, verb, body)
+        assert status.startswith("400"), (verb, res)
+        assert reason in res["Error"]
+    assert (
+        reg.get_sample_value("gpudaemon_extender_requests_total", {"verb": "filter", "code": "400"})
+        == 1
+    )
+
+
+def test_other_paths() -> None:
+    api, _, _ = make_api()
+    assert call(api, "/filter", method="GET")[0].startswith("405")
+    assert call(api, "/healthz", method="GET") == ("200 OK", "ok\n")
+    assert call(api, "/readyz", method="GET")[0].startswith("200")
+    assert call(api, "/nope", method="GET")[0].startswith("404")
+    status, text = call(api, "/metrics", method="GET")
+    assert status.startswith("200") and "gpudaemon_extender_request_duration_seconds" in text
+
+
+def test_concurrent_prioritize_never_assumes_past_capacity() -> None:
+    """50 one-GPU pods ranked at once over 3 nodes: assumptions never exceed free GPUs."""
+    api, c, _ = make_api()
+    errors: list[str] = []
+
+    def one(i: int) -> None:
+        status, _res = call(
+            api,
+            "/prioritize",
+            json.dumps({"Pod": pod(f"q{i}", 1), "NodeNames": ["a", "b", "c"]}).encode(),
+        )
+        if not status.startswith("200"):
+            errors.append(status)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    states = c.states(["a", "b", "c"])
+    # 2 + 6 + 8 = 16 free: the first 16 pods are assumed, the rest found nothing free
+    assert all(s is not None and s.gpus_requested <= s.gpus_allocatable for s in states.values())
+    assert sum(s.gpus_free for s in states.values() if s) == 0
