@@ -105,8 +105,10 @@ class InfluxConfig(_Section):
 
 class KubernetesConfig(_Section):
     kubeconfig: str = ""  # empty: in-cluster, then ~/.kube/config
-    # Like kubelet's node lease: renewed every duration/4, stale after duration.
-    lease_duration_seconds: Annotated[int, Field(ge=10)] = 40
+    # Stale after this; renewed every third of it (`kube.lease.renew_period_s`). 6 min
+    # gives 30 Lease writes per node-hour (kubelet's own node lease costs 360) and a
+    # stale threshold the extender can live with: GPU data needs no liveness precision.
+    lease_duration_seconds: Annotated[int, Field(ge=10, le=86400, strict=True)] = 360
     lease_namespace: str = "gpudaemon"
     # Backoff cap after API errors: bounds recovery time without hammering a sick server.
     backoff_max_seconds: Annotated[float, Field(gt=0)] = 60.0

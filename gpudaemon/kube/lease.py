@@ -60,12 +60,31 @@ def lease_is_fresh(lease: Mapping[str, Any] | None, now: datetime) -> bool:
     return now < renewed + timedelta(seconds=duration)
 
 
+# Periods a cron expression can repeat at evenly: steps that divide 60 s, 60 min, 24 h.
+_STEPS_S = (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30)
+_STEPS_MIN = (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30)
+_STEPS_H = (1, 2, 3, 4, 6, 8, 12)
+
+
+def renew_period_s(lease_duration_s: int) -> int:
+    """The renewal period: the longest even cron period up to a third of the duration,
+    so two renewals in a row may fail before readers see the data as stale."""
+    target = max(1, lease_duration_s // 3)
+    periods = [*_STEPS_S, *(60 * m for m in _STEPS_MIN), *(3600 * h for h in _STEPS_H), 86400]
+    return max(p for p in periods if p <= target) if target >= 1 else 1
+
+
 def renew_cron(lease_duration_s: int) -> str:
-    """Renew every duration/4, like kubelet's node lease (40 s -> every 10 s)."""
-    every = max(1, lease_duration_s // 4)
+    """A valid six-field cron for `renew_period_s`, for any positive duration
+    (default 360 s -> every 2 min: 30 writes per node-hour)."""
+    every = renew_period_s(lease_duration_s)
     if every < 60:
         return f"*/{every} * * * * *"
-    return f"0 */{max(1, every // 60)} * * * *"
+    if every < 3600:
+        return f"0 */{every // 60} * * * *"
+    if every < 86400:
+        return f"0 0 */{every // 3600} * * *"
+    return "0 0 0 * * *"
 
 
 class LeaseRenewer:

@@ -238,7 +238,7 @@ def test_lease_is_renewed_only_when_labels_are_current_and_data_fresh() -> None:
     assert sink.heartbeat() is True
     lease = fake.leases[-1]
     assert lease["ns"] == "gpudaemon" and lease["name"] == "n1"
-    assert lease["spec"]["leaseDurationSeconds"] == 40
+    assert lease["spec"]["leaseDurationSeconds"] == 360
     assert lease["spec"]["renewTime"] == micro_time(clock.t)
     assert lease["owner"]["uid"] == "u-1"
     fake.fail = KubeUnavailableError("down")
@@ -265,10 +265,26 @@ def test_in_sync_requires_our_ownership_of_exactly_the_desired_keys() -> None:
 
 
 @pytest.mark.parametrize(
-    "duration,cron", [(40, "*/10 * * * * *"), (10, "*/2 * * * * *"), (400, "0 */1 * * * *")]
+    "duration,cron",
+    [
+        (40, "*/12 * * * * *"),
+        (10, "*/3 * * * * *"),
+        (360, "0 */2 * * * *"),
+        (14400, "0 0 */1 * * *"),
+    ],
 )
-def test_lease_renews_every_quarter_duration(duration: int, cron: str) -> None:
+def test_lease_renews_about_every_third_of_its_duration(duration: int, cron: str) -> None:
     assert renew_cron(duration) == cron
+
+
+def test_every_accepted_lease_duration_gives_a_valid_renew_schedule() -> None:
+    from gpudaemon.kube.lease import renew_period_s
+    from gpudaemon.schedule import parse_cron
+
+    for duration in [*range(10, 4000), 14400, 86399, 86400]:
+        period = renew_period_s(duration)
+        assert 1 <= period <= max(1, duration // 3)
+        parse_cron(renew_cron(duration))  # raises CronError if invalid
 
 
 def test_bad_kubeconfig_is_one_config_error(tmp_path: Any) -> None:
@@ -358,8 +374,8 @@ def test_lease_rule_reads_what_the_renewer_writes() -> None:
     assert sink.heartbeat()
     written = {"spec": fake.leases[-1]["spec"]}
     at = datetime.fromtimestamp(clock.t, UTC)
-    assert lease_is_fresh(written, at + timedelta(seconds=39.9))
-    assert not lease_is_fresh(written, at + timedelta(seconds=40))
+    assert lease_is_fresh(written, at + timedelta(seconds=359.9))
+    assert not lease_is_fresh(written, at + timedelta(seconds=360))
     assert lease_is_fresh(written, (at + timedelta(seconds=1)).replace(tzinfo=None))  # naive=UTC
 
 
