@@ -1,0 +1,252 @@
+"""The chart itself: helm lint and template for the default and the everything-enabled
+values, the schema rejecting bad values by name, what the rendered pods promise
+(placement, downward API, least-privilege security context), and every rendered object
+accepted by the real API server's server-side dry run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.integration.helm.cluster import Cluster
+from tests.integration.helm.conftest import CHART, EVERYTHING, run_helm
+
+pytestmark = pytest.mark.integration
+
+MONITORING_APIS = [
+    "--api-versions",
+    "monitoring.coreos.com/v1/ServiceMonitor",
+    "--api-versions",
+    "monitoring.coreos.com/v1/PrometheusRule",
+]
+
+
+def template(helm: str, *args: str, namespace: str = "gpudaemon") -> list[dict[str, Any]]:
+    proc = run_helm(helm, "template", "gpudaemon", str(CHART), "--namespace", namespace, *args)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def kinds(docs: list[dict[str, Any]]) -> list[str]:
+    return sorted(f"{d['kind']}/{d['metadata']['name']}" for d in docs)
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, (kind, name, kinds(docs))
+    return found[0]
+
+
+@pytest.mark.parametrize("values", [[], ["-f", str(EVERYTHING)]], ids=["default", "everything"])
+def test_helm_lint_passes(helm: str, values: list[str]) -> None:
+    proc = run_helm(helm, "lint", "--strict", str(CHART), *values)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
+
+
+def test_default_values_render_agent_extender_scheduler_and_policy(helm: str) -> None:
+    docs = template(helm)
+    assert kinds(docs) == [
+        "ClusterRole/gpudaemon-agent",
+        "ClusterRole/gpudaemon-extender",
+        "ClusterRoleBinding/gpudaemon-agent",
+        "ClusterRoleBinding/gpudaemon-extender",
+        "ClusterRoleBinding/gpudaemon-scheduler-as-kube-scheduler",
+        "ClusterRoleBinding/gpudaemon-scheduler-as-volume-scheduler",
+        "ConfigMap/gpudaemon-agent",
+        "ConfigMap/gpudaemon-dashboard-fleet",
+        "ConfigMap/gpudaemon-dashboard-node",
+        "ConfigMap/gpudaemon-extender",
+        "ConfigMap/gpudaemon-scheduler",
+        "DaemonSet/gpudaemon",
+        "Deployment/gpudaemon-extender",
+        "Deployment/gpudaemon-scheduler",
+        "Role/gpudaemon-agent-leases",
+        "Role/gpudaemon-extender-leases",
+        "Role/gpudaemon-scheduler-leader-election",
+        "RoleBinding/gpudaemon-agent-leases",
+        "RoleBinding/gpudaemon-extender-leases",
+        "RoleBinding/gpudaemon-scheduler-extension-apiserver-authentication-reader",
+        "RoleBinding/gpudaemon-scheduler-leader-election",
+        "Service/gpudaemon",
+        "Service/gpudaemon-extender",
+        "ServiceAccount/gpudaemon",
+        "ServiceAccount/gpudaemon-extender",
+        "ServiceAccount/gpudaemon-scheduler",
+        "ValidatingAdmissionPolicy/gpudaemon-agent-node-keys",
+        "ValidatingAdmissionPolicyBinding/gpudaemon-agent-node-keys",
+    ]
+
+
+def test_crd_backed_objects_render_only_when_the_api_exists_or_forced(helm: str) -> None:
+    def monitoring(*args: str) -> list[str]:
+        return [
+            d["kind"] for d in template(helm, *args) if "monitoring.coreos.com" in d["apiVersion"]
+        ]
+
+    assert monitoring() == []
+    assert sorted(monitoring(*MONITORING_APIS)) == ["PrometheusRule", "ServiceMonitor"]
+    assert monitoring(*MONITORING_APIS, "--set", "monitoring.serviceMonitor.enabled=false") == [
+        "PrometheusRule"
+    ]
+    assert sorted(
+        monitoring(
+            "--set", "monitoring.serviceMonitor.force=true",
+            "--set", "monitoring.prometheusRule.force=true",
+        )
+    ) == ["PrometheusRule", "ServiceMonitor"]  # fmt: skip
+    sm = one(template(helm, *MONITORING_APIS), "ServiceMonitor", "gpudaemon")
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True
+
+
+def test_extender_and_scheduler_can_be_switched_off(helm: str) -> None:
+    docs = template(helm, "--set", "extender.enabled=false", "--set", "scheduler.enabled=false")
+    components = {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in docs}
+    assert components == {"agent", "dashboards"}
+
+
+def test_agent_pod_placement_identity_mounts_and_lockdown(helm: str) -> None:
+    ds = one(template(helm), "DaemonSet", "gpudaemon")
+    pod = ds["spec"]["template"]["spec"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]} in [
+        e for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]
+    ]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists"} in pod["tolerations"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    (c,) = pod["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert "nvidia.com/gpu" not in str(c["resources"])  # it must not take a GPU
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["pod-resources"]["readOnly"] is True
+    assert mounts["pod-resources"]["mountPath"] == "/var/lib/kubelet/pod-resources"
+    assert mounts["spool"].get("readOnly") is not True
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+
+
+def test_every_container_is_locked_down(helm: str) -> None:
+    for d in template(helm, "-f", str(EVERYTHING)):
+        if d["kind"] not in ("DaemonSet", "Deployment"):
+            continue
+        pod = d["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, d["metadata"]["name"]
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True, c["name"]
+            assert sc["capabilities"] == {"drop": ["ALL"]}, c["name"]
+            assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, c["name"]
+
+
+def test_influxdb_token_comes_from_the_secret_as_a_file(helm: str) -> None:
+    docs = template(helm, "-f", str(EVERYTHING))
+    config = yaml.safe_load(one(docs, "ConfigMap", "gpudaemon-agent")["data"]["config.yaml"])
+    assert config["influxdb"]["token_file"] == "/var/run/secrets/gpudaemon/influxdb/token"
+    assert config["influxdb"]["url"] == "http://influxdb.monitoring.svc:8086"
+    assert "token" not in config["influxdb"]
+    pod = one(docs, "DaemonSet", "gpudaemon")["spec"]["template"]["spec"]
+    vol = {v["name"]: v for v in pod["volumes"]}["influxdb-token"]
+    assert vol["secret"]["secretName"] == "influxdb-token"
+    # The user's config is merged in, and the chart's own keys win.
+    assert config["schedules"]["telemetry"] == "*/2 * * * * *"
+    assert config["labels"]["prefix"] == "gpu.example.com/"
+    assert config["kubernetes"]["lease_namespace"] == "gpudaemon"
+
+
+def test_one_prefix_for_agent_and_policy(helm: str) -> None:
+    docs = template(helm, "--set", "labelPrefix=gpu.example.com/", namespace="ops")
+    config = yaml.safe_load(one(docs, "ConfigMap", "gpudaemon-agent")["data"]["config.yaml"])
+    vap = one(docs, "ValidatingAdmissionPolicy", "gpudaemon-agent-node-keys")
+    variables = {v["name"]: v["expression"] for v in vap["spec"]["variables"]}
+    assert config["labels"]["prefix"] == "gpu.example.com/"
+    assert variables["prefix"] == "'gpu.example.com/'"
+    assert vap["spec"]["matchConditions"][0]["expression"] == (
+        "request.userInfo.username == 'system:serviceaccount:ops:gpudaemon'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (
+            ["--set-string", "scheduler.percentageOfNodesToScore=all"],
+            "at '/scheduler/percentageOfNodesToScore': got string, want integer",
+        ),
+        (["--set", "extender.policy=random"], "at '/extender/policy': value must be one of"),
+        (["--set", "agent.tolerationz=x"], "additional properties 'tolerationz' not allowed"),
+        (["--set", "labelPrefix=Bad_Prefix"], "at '/labelPrefix': 'Bad_Prefix' does not match"),
+        (
+            ["--set", "agent.resources.requests=64Mi"],
+            "at '/agent/resources/requests': got string, want object",
+        ),
+        (
+            [
+                "--set",
+                "influxdb.enabled=true",
+                "--set",
+                "influxdb.url=http://i:8086",
+                "--set",
+                "influxdb.bucket=b",
+            ],
+            "at '/influxdb/tokenSecret/name': minLength",
+        ),
+    ],
+)
+def test_bad_values_are_rejected_naming_the_value(helm: str, args: list[str], named: str) -> None:
+    proc = run_helm(helm, "template", "gpudaemon", str(CHART), *args)
+    assert proc.returncode != 0
+    assert named in proc.stderr, proc.stderr
+    assert "goroutine" not in proc.stderr
+
+
+# -- against the real API server ------------------------------------------------------
+
+
+def _resources(cluster: Cluster) -> dict[tuple[str, str], tuple[str, bool, str]]:
+    """(apiVersion, kind) -> (API path, namespaced, plural), from discovery."""
+    out: dict[tuple[str, str], tuple[str, bool, str]] = {}
+    group_versions = ["v1"] + [
+        v["groupVersion"] for g in cluster.request("GET", "/apis")["groups"] for v in g["versions"]
+    ]
+    for gv in group_versions:
+        base = "/api/v1" if gv == "v1" else f"/apis/{gv}"
+        for r in cluster.request("GET", base)["resources"]:
+            if "/" not in r["name"]:
+                out[(gv, r["kind"])] = (base, bool(r["namespaced"]), r["name"])
+    return out
+
+
+@pytest.mark.parametrize("values", [[], ["-f", str(EVERYTHING)]], ids=["default", "everything"])
+def test_every_rendered_object_passes_server_side_dry_run(
+    helm: str, cluster: Cluster, values: list[str], tmp_path: Path
+) -> None:
+    """What `kubectl apply --server-side --dry-run=server` sends: an apply PATCH with
+    dryRun=All, so admission and the CRDs' schemas judge every object."""
+    ns = "dryrun"
+    if cluster.get(f"/api/v1/namespaces/{ns}") is None:
+        cluster.request("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+    docs = template(helm, *values, *MONITORING_APIS, namespace=ns)
+    resources = _resources(cluster)
+    for doc in docs:
+        base, namespaced, plural = resources[(doc["apiVersion"], doc["kind"])]
+        meta = doc["metadata"]
+        where = f"/namespaces/{meta['namespace']}" if namespaced else ""
+        cluster.request(
+            "PATCH",
+            f"{base}{where}/{plural}/{meta['name']}",
+            body=doc,
+            content_type="application/apply-patch+yaml",
+            query={"dryRun": "All", "fieldManager": "helm-dry-run", "fieldValidation": "Strict"},
+        )
+    assert {d["kind"] for d in docs} >= {"DaemonSet", "ValidatingAdmissionPolicy"}

@@ -1,0 +1,146 @@
+"""`helm install` on a real control plane with four GPU Nodes and two CPU-only Nodes:
+the real DaemonSet controller and kube-scheduler put exactly one agent on each GPU Node
+and none on the others, the extender and second-scheduler Deployments get pods, and the
+monitoring objects exist where their CRDs do. Then `helm upgrade` rolls a changed value
+out and `helm uninstall` leaves nothing behind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.integration.helm.cluster import Cluster
+from tests.integration.helm.conftest import (
+    CHART,
+    CPU_NODES,
+    GPU_NODES,
+    agent_pods,
+    run_helm,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def bound(cluster: Cluster, ns: str, selector: str) -> list[str]:
+    pods = cluster.items(f"/api/v1/namespaces/{ns}/pods", selector)
+    return sorted(str(p["spec"].get("nodeName") or "") for p in pods)
+
+
+def test_one_agent_per_gpu_node_and_none_on_cpu_nodes(cluster: Cluster, release: str) -> None:
+    nodes = [str(p["spec"]["nodeName"]) for p in agent_pods(cluster, release, "gpudaemon")]
+    assert sorted(nodes) == GPU_NODES
+    assert not set(nodes) & set(CPU_NODES)
+    ds = cluster.request("GET", f"/apis/apps/v1/namespaces/{release}/daemonsets/gpudaemon")
+    assert ds["status"]["desiredNumberScheduled"] == len(GPU_NODES)
+
+
+def test_extender_and_scheduler_deployments_get_bound_pods(cluster: Cluster, release: str) -> None:
+    for component in ("extender", "scheduler"):
+        nodes = cluster.wait(
+            lambda c=component: bound(cluster, release, f"app.kubernetes.io/component={c}"),
+            f"a bound {component} pod",
+        )
+        assert len(nodes) == 1 and nodes[0] in GPU_NODES + CPU_NODES, nodes
+
+
+def test_monitoring_objects_exist_because_their_crds_do(cluster: Cluster, release: str) -> None:
+    base = f"/apis/monitoring.coreos.com/v1/namespaces/{release}"
+    sm = cluster.request("GET", f"{base}/servicemonitors/gpudaemon")
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True
+    rule = cluster.request("GET", f"{base}/prometheusrules/gpudaemon")
+    assert {g["name"] for g in rule["spec"]["groups"]} >= {"gpudaemon.gpu"}
+    dashboards = cluster.items(f"/api/v1/namespaces/{release}/configmaps", "grafana_dashboard=1")
+    assert len(dashboards) == 2
+
+
+# -- a second release, for the lifecycle ----------------------------------------------
+
+LC, LC_NS = "lc", "gpudaemon-lc"
+INSTANCE = f"app.kubernetes.io/instance={LC}"
+
+
+def leftovers(cluster: Cluster) -> list[str]:
+    """Every object of release `lc` still in the API, cluster-wide."""
+    paths = [
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        "/apis/rbac.authorization.k8s.io/v1/rolebindings",
+        "/apis/rbac.authorization.k8s.io/v1/roles",
+        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
+        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
+        "/apis/apps/v1/daemonsets",
+        "/apis/apps/v1/deployments",
+        "/apis/apps/v1/replicasets",
+        "/apis/apps/v1/controllerrevisions",
+        "/api/v1/pods",
+        "/api/v1/configmaps",
+        "/api/v1/services",
+        "/api/v1/serviceaccounts",
+        "/apis/monitoring.coreos.com/v1/servicemonitors",
+        "/apis/monitoring.coreos.com/v1/prometheusrules",
+    ]
+    out = [
+        f"{path.rsplit('/', 1)[1]}/{o['metadata']['name']}"
+        for path in paths
+        for o in cluster.items(path, INSTANCE)
+    ]
+    out += [
+        f"secrets/{s['metadata']['name']}"
+        for s in cluster.items(f"/api/v1/namespaces/{LC_NS}/secrets", f"owner=helm,name={LC}")
+    ]
+    return out
+
+
+def checksums(cluster: Cluster) -> dict[str, str]:
+    """GPU node -> config checksum of the agent pod there (live pods only)."""
+    return {
+        str(p["spec"].get("nodeName")): p["metadata"]["annotations"]["checksum/config"]
+        for p in agent_pods(cluster, LC_NS, LC)
+        if not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def test_upgrade_rolls_out_a_changed_value_and_uninstall_leaves_nothing(
+    helm: str, cluster: Cluster
+) -> None:
+    kc = cluster.kubeconfig
+    proc = run_helm(
+        helm, "install", LC, str(CHART), "-n", LC_NS, "--create-namespace", kubeconfig=kc
+    )
+    assert proc.returncode == 0, proc.stderr
+    before = cluster.wait(
+        lambda: (c := checksums(cluster)) and sorted(c) == GPU_NODES and c, "agents bound"
+    )
+    assert len(set(before.values())) == 1
+
+    proc = run_helm(
+        helm, "upgrade", LC, str(CHART), "-n", LC_NS, "--reuse-values",
+        "--set", "agent.config.schedules.telemetry=*/2 * * * * *", kubeconfig=kc,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    cm = cluster.request("GET", f"/api/v1/namespaces/{LC_NS}/configmaps/{LC}-gpudaemon-agent")
+    config: dict[str, Any] = yaml.safe_load(cm["data"]["config.yaml"])
+    assert config["schedules"]["telemetry"] == "*/2 * * * * *"
+
+    def rolled() -> dict[str, str] | None:
+        cluster.finish_deletions(LC_NS)  # what the kubelets would confirm
+        c = checksums(cluster)
+        done = sorted(c) == GPU_NODES and not set(c.values()) & set(before.values())
+        return c if done else None
+
+    after = cluster.wait(rolled, "every GPU node's agent replaced by the new template")
+    assert len(set(after.values())) == 1
+
+    proc = run_helm(helm, "uninstall", LC, "-n", LC_NS, kubeconfig=kc)
+    assert proc.returncode == 0, proc.stderr
+
+    def gone() -> bool:
+        cluster.finish_deletions(LC_NS)
+        return not leftovers(cluster)
+
+    try:
+        cluster.wait(gone, "nothing of the release left")
+    except AssertionError:
+        pytest.fail(f"left behind after helm uninstall: {leftovers(cluster)}")

@@ -1,0 +1,114 @@
+"""Least privilege as shipped: with the chart installed, the real agent
+(`gpudaemon run --simulate dgx-h100 --once`) runs with a token of the chart's
+ServiceAccount bound to the agent pod the DaemonSet put on one GPU node. It labels that
+node, and the API server refuses it, with the policy's own message, on another node and
+for keys outside its prefix."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.helm.cluster import Cluster
+from tests.integration.helm.conftest import agent_pods
+from tests.integration.kube.controlplane import _kubeconfig
+from tests.support import REPO
+
+pytestmark = pytest.mark.integration
+
+
+def pod_bound_token(cluster: Cluster, ns: str, pod: dict[str, Any]) -> str:
+    sa = pod["spec"]["serviceAccountName"]
+    tr = cluster.request(
+        "POST",
+        f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token",
+        body={
+            "spec": {
+                "expirationSeconds": 3600,
+                "boundObjectRef": {
+                    "kind": "Pod",
+                    "apiVersion": "v1",
+                    "name": pod["metadata"]["name"],
+                    "uid": pod["metadata"]["uid"],
+                },
+            }
+        },
+    )
+    return str(tr["status"]["token"])
+
+
+def run_agent(kubeconfig: Path, node: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("GPUDAEMON_", "KUBE"))}
+    return subprocess.run(
+        [sys.executable, "-m", "gpudaemon", "run", "--simulate", "dgx-h100", "--once",
+         "--node-name", node],
+        env={**clean, "GPUDAEMON_KUBERNETES__KUBECONFIG": str(kubeconfig), **env},
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )  # fmt: skip
+
+
+def labels(cluster: Cluster, node: str) -> dict[str, str]:
+    return dict(cluster.request("GET", f"/api/v1/nodes/{node}")["metadata"].get("labels") or {})
+
+
+def test_agent_with_the_charts_pod_bound_token_labels_only_its_own_node(
+    cluster: Cluster, release: str, tmp_path: Path
+) -> None:
+    pods = {str(p["spec"]["nodeName"]): p for p in agent_pods(cluster, release, "gpudaemon")}
+    mine, other = "gpu-0", "gpu-1"
+    token = pod_bound_token(cluster, release, pods[mine])
+    kc = _kubeconfig(
+        tmp_path / "agent.kubeconfig", cluster.cp.server, "agent", token, cluster.cp.ca
+    )
+
+    ok = run_agent(kc, mine)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert labels(cluster, mine)["gpudaemon.io/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert labels(cluster, mine)["gpudaemon.io/gpu.count"] == "8"
+
+    elsewhere = run_agent(kc, other)
+    assert elsewhere.returncode == 1
+    assert "may change only the Node its pod runs on" in elsewhere.stdout + elsewhere.stderr
+    assert not any(k.startswith("gpudaemon.io/") for k in labels(cluster, other))
+
+    foreign = run_agent(kc, mine, GPUDAEMON_LABELS__PREFIX="example.com/")
+    assert foreign.returncode == 1
+    assert "only labels under gpudaemon.io/" in foreign.stdout + foreign.stderr
+    assert not any(k.startswith("example.com/") for k in labels(cluster, mine))
+
+
+def test_charts_service_account_cannot_read_secrets_or_write_other_namespaces(
+    cluster: Cluster, release: str, tmp_path: Path
+) -> None:
+    from gpudaemon.errors import KubeForbiddenError
+    from gpudaemon.kube.client import Credentials, KubeClient
+
+    pod = agent_pods(cluster, release, "gpudaemon")[0]
+    kc = _kubeconfig(
+        tmp_path / "kc",
+        cluster.cp.server,
+        "agent",
+        pod_bound_token(cluster, release, pod),
+        cluster.cp.ca,
+    )
+    agent = KubeClient.from_credentials(Credentials(False, str(kc)), timeout_s=30)
+    try:
+        for method, path in [
+            ("GET", f"/api/v1/namespaces/{release}/secrets"),
+            ("GET", "/api/v1/pods"),
+            ("DELETE", f"/api/v1/nodes/{pod['spec']['nodeName']}"),
+            ("GET", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"),
+        ]:
+            with pytest.raises(KubeForbiddenError):
+                agent.request(method, path)
+        agent.apply_lease(release, str(pod["spec"]["nodeName"]), {"holderIdentity": "t"})
+    finally:
+        agent.close()

@@ -1,0 +1,128 @@
+"""One source of truth: deploy/manifests/, the PrometheusRule and the chart's copies of
+the alert rules and dashboards are what scripts/render-manifests makes from their
+sources; the chart's scheduler configuration is the documented example's; and the real
+kube-scheduler accepts it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.integration.helm.conftest import CHART, run_helm
+from tests.support import REPO
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = REPO / "scripts" / "render-manifests"
+EXAMPLE = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
+
+
+def check(helm: str, root: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(root / "scripts" / "render-manifests"), "--check"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HELM": helm},
+    )
+
+
+def test_deploy_files_match_what_the_chart_renders(helm: str) -> None:
+    proc = check(helm)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_hand_edit_of_a_rendered_file_is_reported(helm: str, tmp_path: Path) -> None:
+    for d in ("deploy", "grafana", "scripts"):
+        shutil.copytree(REPO / d, tmp_path / d)
+    rbac = tmp_path / "deploy" / "manifests" / "rbac.yaml"
+    rbac.write_text(rbac.read_text().replace('"patch"', '"patch", "delete"'))
+    (tmp_path / "grafana" / "gpudaemon-node.json").write_text("{}\n")
+    proc = check(helm, tmp_path)
+    assert proc.returncode == 1
+    assert "deploy/helm/gpudaemon/files/dashboards/gpudaemon-node.json" in proc.stdout
+    # After the copies are fixed, the rendered manifests are compared too.
+    shutil.copy(REPO / "grafana" / "gpudaemon-node.json", tmp_path / "grafana")
+    proc = check(helm, tmp_path)
+    assert proc.returncode == 1
+    assert "deploy/manifests/rbac.yaml (committed)" in proc.stdout
+    assert '"delete"' in proc.stdout
+
+
+def test_tests_apply_the_agent_rbac_and_policy_the_chart_ships() -> None:
+    rbac = list(yaml.safe_load_all((REPO / "deploy/manifests/rbac.yaml").read_text()))
+    assert [d["kind"] for d in rbac] == [
+        "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+    ]  # fmt: skip
+    (role,) = [d for d in rbac if d["kind"] == "ClusterRole"]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]}
+    ]
+
+
+def scheduler_config(helm: str, *args: str) -> dict[str, Any]:
+    proc = run_helm(
+        helm, "template", "gpudaemon", str(CHART), "-n", "gpudaemon",
+        "--show-only", "templates/scheduler/configmap.yaml", *args,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return dict(yaml.safe_load(yaml.safe_load(proc.stdout)["data"]["config.yaml"]))
+
+
+def test_chart_scheduler_config_is_the_documented_example(helm: str) -> None:
+    """Equal except where a cluster install must differ: the extender's address, the
+    kubeconfig, and where the leader-election Lease lives."""
+    chart = scheduler_config(helm)
+    example = yaml.safe_load(EXAMPLE.read_text())
+    for c in (chart, example):
+        c.pop("clientConnection", None)
+        c.pop("leaderElection", None)
+        for e in c.get("extenders", []):
+            e.pop("urlPrefix")
+    assert chart == example
+
+
+def test_real_kube_scheduler_accepts_the_chart_config(
+    helm: str, tools_bin: Path, tmp_path: Path
+) -> None:
+    config = scheduler_config(helm, "--set", "scheduler.extenderWeight=3")
+    # Outside a pod there is no in-cluster config; a kubeconfig that is never dialled
+    # is enough for the scheduler to load, default and validate the file.
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    config["clientConnection"] = {"kubeconfig": str(kc)}
+    src, out = tmp_path / "in.yaml", tmp_path / "out.yaml"
+    src.write_text(yaml.safe_dump(config))
+    proc = subprocess.run(
+        [str(tools_bin / "kube-scheduler"), f"--config={src}", f"--write-config-to={out}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = yaml.safe_load(out.read_text())
+    (profile,) = written["profiles"]
+    assert profile["schedulerName"] == "gpudaemon-scheduler"
+    (ext,) = written["extenders"]
+    assert ext["urlPrefix"] == "http://gpudaemon-extender.gpudaemon.svc:9446"
+    assert ext["weight"] == 3 and ext["nodeCacheCapable"] is True
+    # ignoredByScheduler: false is the default, which the scheduler writes out as absent.
+    assert ext["managedResources"] == [{"name": "nvidia.com/gpu"}]
+    assert written["leaderElection"]["leaderElect"] is True
+    assert written["leaderElection"]["resourceName"] == "gpudaemon-scheduler"
