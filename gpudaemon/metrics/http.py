@@ -5,32 +5,41 @@ gpudaemon.httpserver."""
 from __future__ import annotations
 
 import gzip
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, cast
+from urllib.parse import parse_qs
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
 
 from gpudaemon import httpserver
-from gpudaemon.metrics.collector import GpuCollector, without_gpus
+from gpudaemon.metrics.collector import GpuCollector
 
 StartResponse = Callable[..., Any]
 Readiness = Callable[[], tuple[bool, str]]
 
 
 def make_app(
-    registry: CollectorRegistry, ready: Readiness, gpus: GpuCollector | None = None
+    registry: CollectorRegistry,
+    ready: Readiness,
+    gpus: GpuCollector | None = None,
+    head: CollectorRegistry | None = None,
 ) -> Callable[..., Iterable[bytes]]:
-    """With `gpus` (registered in `registry`), /metrics appends that collector's cached
+    """`registry` holds every series. With `gpus` and `head` (every series but the
+    GPU collector's), /metrics encodes `head` and appends the GPU collector's cached
     per-snapshot bytes instead of re-encoding every GPU series on every scrape."""
     metrics = make_wsgi_app(registry)
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
-            if gpus is None or environ.get("QUERY_STRING"):  # name[] filters: the slow path
+            names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
+            if names and environ.get("REQUEST_METHOD", "GET") == "GET":
+                return _filtered_metrics(registry, set(names), environ, start_response)
+            if gpus is None or head is None or environ.get("QUERY_STRING"):
                 return metrics(environ, start_response)  # type: ignore[no-any-return]
-            return _fast_metrics(registry, gpus, environ, start_response)
+            return _fast_metrics(head, gpus, environ, start_response)
         if path == "/healthz":
             return _text(start_response, "200 OK", "ok\n")
         if path == "/readyz":
@@ -44,18 +53,22 @@ def make_app(
 
 
 def _fast_metrics(
-    registry: CollectorRegistry,
+    head: CollectorRegistry,
     gpus: GpuCollector,
     environ: dict[str, Any],
     start_response: StartResponse,
 ) -> list[bytes]:
     encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
     openmetrics = content_type.startswith("application/openmetrics-text")
-    with without_gpus():
-        head = encoder(registry)
     gpu_part = gpus.render_gpus(openmetrics)
     # OpenMetrics ends with "# EOF": the GPU families go before it.
-    body = head.removesuffix(b"# EOF\n") + gpu_part + (b"# EOF\n" if openmetrics else b"")
+    body = encoder(head).removesuffix(b"# EOF\n") + gpu_part + (b"# EOF\n" if openmetrics else b"")
+    return _send_metrics(body, content_type, environ, start_response)
+
+
+def _send_metrics(
+    body: bytes, content_type: str, environ: dict[str, Any], start_response: StartResponse
+) -> list[bytes]:
     headers = [("Content-Type", content_type)]
     if "gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""):
         body = gzip.compress(body)
@@ -63,6 +76,36 @@ def _fast_metrics(
     headers.append(("Content-Length", str(len(body))))
     start_response("200 OK", headers)
     return [body]
+
+
+class _Restricted:
+    """`?name[]=` filtering over every family the registry collects. prometheus-client's
+    restricted registry finds collectors by their describe() names, so it returned
+    nothing for collectors that cannot describe themselves up front (the GPU collector,
+    a registry inside a registry): issue 12, item 15. Same rule as prometheus-client:
+    a family keeps the samples whose name was asked for."""
+
+    def __init__(self, registry: CollectorRegistry, names: set[str]) -> None:
+        self.registry, self.names = registry, names
+
+    def collect(self) -> Iterator[Metric]:
+        for fam in self.registry.collect():
+            samples = [s for s in fam.samples if s.name in self.names]
+            if samples:
+                out = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+                out.samples = samples
+                yield out
+
+
+def _filtered_metrics(
+    registry: CollectorRegistry,
+    names: set[str],
+    environ: dict[str, Any],
+    start_response: StartResponse,
+) -> list[bytes]:
+    encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
+    body = encoder(cast(CollectorRegistry, _Restricted(registry, names)))
+    return _send_metrics(body, content_type, environ, start_response)
 
 
 def _text(start_response: StartResponse, status: str, body: str) -> list[bytes]:

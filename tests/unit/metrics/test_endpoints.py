@@ -218,3 +218,37 @@ def test_a_new_poll_invalidates_the_cached_gpu_part(
     after = http_get(url + "/metrics")[1].decode()
     lost = [ln for ln in after.splitlines() if ln.startswith("gpudaemon_gpu_lost{")]
     assert [ln.endswith(" 1.0") for ln in lost].count(True) == 1
+
+
+@pytest.mark.parametrize("accept", ["", "application/openmetrics-text"])
+def test_name_filters_return_exactly_the_named_series_gpu_and_agent_alike(
+    agent: Agent, url: str, accept: str
+) -> None:
+    """Issue 12, item 15: `?name[]=gpudaemon_gpu_power_watts` (docs/metrics.md) was empty,
+    because prometheus-client finds collectors by describe() names and the GPU collector
+    has none up front."""
+    agent.run_once()
+    full = http_get(url + "/metrics", headers={"Accept": accept})[1].decode().splitlines()
+    names = [
+        "gpudaemon_gpu_power_watts",
+        "gpudaemon_gpu_energy_joules_total",
+        "gpudaemon_build_info",
+    ]
+    query = "&".join(f"name[]={n}" for n in names)
+    status, body = http_get(f"{url}/metrics?{query}", headers={"Accept": accept})
+    got = body.decode().splitlines()
+    samples = [ln for ln in got if not ln.startswith("#")]
+    assert status == 200
+    for n in names:
+        expected = [ln for ln in full if ln.startswith(n + "{")]
+        assert expected and [ln for ln in samples if ln.startswith(n + "{")] == expected
+    assert all(ln.split("{")[0] in names for ln in samples)  # nothing else came along
+    assert (got[-1] == "# EOF") == bool(accept)
+    status, zipped = http_get(
+        f"{url}/metrics?name[]=gpudaemon_gpu_power_watts", headers={"Accept-Encoding": "gzip"}
+    )
+    power = [ln for ln in full if ln.startswith("gpudaemon_gpu_power_watts{")]
+    assert status == 200 and len(power) == 8
+    assert [
+        ln for ln in gzip.decompress(zipped).decode().splitlines() if not ln.startswith("#")
+    ] == power
