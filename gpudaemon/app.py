@@ -18,7 +18,7 @@ from gpudaemon.errors import GpudaemonError, NvmlUnavailableError
 from gpudaemon.labels import LabelSet, NodeLabeler
 from gpudaemon.labels.outputs import FileSink, NfdSink, NullSink, StdoutSink
 from gpudaemon.metrics.agent import AgentMetrics
-from gpudaemon.metrics.collector import GpuCollector
+from gpudaemon.metrics.collector import GpuCollector, ReadingAgeCollector
 from gpudaemon.metrics.http import HttpServer, make_app
 from gpudaemon.model import PodMap
 from gpudaemon.podresources import PodAttribution
@@ -83,8 +83,12 @@ class Agent:
     ) -> None:
         self.cfg = cfg
         self.clock = clock
+        # `registry`: every series /metrics serves. `own_registry` (inside it): all but
+        # the per-GPU families, which the GPU collector renders once per snapshot.
         self.registry = registry or CollectorRegistry()
-        self.metrics = AgentMetrics(self.registry)
+        self.own_registry = CollectorRegistry()
+        self.registry.register(self.own_registry)
+        self.metrics = AgentMetrics(self.own_registry)
         self.backend = backend or make_backend(cfg.simulate, seed=cfg.simulate_seed)
         self.metrics.set_build(self.backend.name)
         self.cache = Cache(clock)
@@ -94,14 +98,15 @@ class Agent:
         if callable(set_freshness):  # the Lease heartbeat vouches only for fresh data
             set_freshness(lambda: self.readiness()[0])
         self.history = (
-            history_sink if history_sink is not None else make_history_sink(cfg, self.registry)
+            history_sink if history_sink is not None else make_history_sink(cfg, self.own_registry)
         )
         # Pod labels come from the kubelet socket unless the caller brings its own map.
         self.pod_attribution: PodAttribution | None = None
         if pods is None and cfg.metrics.pod_resources_socket:
             self.pod_attribution = PodAttribution(cfg.metrics.pod_resources_socket)
             pods = self.pod_attribution.get
-        self.gpu_collector = GpuCollector(self.cache, cfg.node_name, pods=pods, clock=clock)
+        self.own_registry.register(ReadingAgeCollector(self.cache, clock))
+        self.gpu_collector = GpuCollector(self.cache, cfg.node_name, pods=pods)
         self.registry.register(self.gpu_collector)
         self.scheduler = CronScheduler(
             on_overrun=lambda job: self.metrics.job_overruns.labels(job).inc()
@@ -183,7 +188,8 @@ class Agent:
 
     def start_http(self) -> int:
         self.http = HttpServer(
-            self.cfg.metrics.listen, make_app(self.registry, self.readiness, self.gpu_collector)
+            self.cfg.metrics.listen,
+            make_app(self.registry, self.readiness, self.gpu_collector, self.own_registry),
         )
         self.http.start()
         logger.info("serving /metrics, /healthz, /readyz on {}", self.cfg.metrics.listen)

@@ -1,19 +1,14 @@
-"""InfluxDB line protocol for GPU snapshots: one point per GPU, fields from the
-metric catalogue."""
+"""InfluxDB line protocol for GPU snapshots: one point per GPU (and per MIG instance),
+fields from the catalogue of per-GPU series."""
 
 from __future__ import annotations
 
 import math
-import typing
 
-from gpudaemon.metrics.catalogue import GPU_METRICS, HEALTHY, XID_ERRORS
-from gpudaemon.model import GpuSample, Snapshot
+from gpudaemon import catalogue
+from gpudaemon.model import Snapshot
 
-MEASUREMENT = "gpu"
-
-_INT_FIELDS = frozenset(
-    name for name, hint in typing.get_type_hints(GpuSample).items() if "int" in str(hint)
-)
+MEASUREMENT = catalogue.GPU_MEASUREMENT
 
 
 def _escape(s: str, specials: str) -> str:
@@ -47,32 +42,41 @@ def encode_line(
 
 
 def lines_for(snap: Snapshot, node: str) -> list[str]:
-    """Line protocol for one snapshot: one point per GPU, fields from the catalogue.
-    Unsupported readings are left out, never written as 0."""
+    """Line protocol for one snapshot: one point per GPU and one per MIG instance, a
+    field per catalogue row (gpudaemon/catalogue.py). Unsupported readings are left
+    out, never written as 0."""
     inv = snap.inventory
     if inv is None or not snap.samples or not snap.samples_at:
         return []
-    models = {g.index: g.name for g in inv.gpus}
+    gpus = {g.index: g for g in inv.gpus}
     ts_ms = round(snap.samples_at * 1000)
+    gpu_rows, mig_rows = catalogue.rows("gpu"), catalogue.rows("mig")
     out = []
     for s in snap.samples:
+        info = gpus.get(s.index)
         tags = {
             "node": node,
             "gpu": str(s.index),
             "uuid": s.uuid,
-            "model": models.get(s.index, "unknown"),
+            "model": info.name if info else "unknown",
         }
         fields: dict[str, int | float] = {}
-        for m in GPU_METRICS:
-            v = getattr(s, m.field)
-            if v is not None:
-                fields[m.influx_field] = int(v) if m.field in _INT_FIELDS else float(v)
-        fields[HEALTHY.influx_field] = 1 if s.healthy else 0
-        if s.ecc_corrected_errors_total is not None:
-            fields["ecc_corrected_errors_total"] = int(s.ecc_corrected_errors_total)
-        if s.ecc_uncorrected_errors_total is not None:
-            fields["ecc_uncorrected_errors_total"] = int(s.ecc_uncorrected_errors_total)
-        # An empty map is a real count (no XIDs seen), not an unsupported reading.
-        fields[XID_ERRORS.influx_field] = int(sum(s.xid_errors_total.values()))
-        out.append(encode_line(MEASUREMENT, tags, fields, ts_ms))
+        for row in gpu_rows:
+            fields.update(catalogue.influx_fields(row, s))
+        out.append(encode_line(catalogue.GPU_MEASUREMENT, tags, fields, ts_ms))
+        if info is None or not info.mig_devices:
+            continue
+        by_uuid = {m.uuid: m for m in s.mig}
+        for d in info.mig_devices:
+            mig_tags = {
+                **tags,
+                "mig_uuid": d.uuid,
+                "mig_profile": d.profile,
+                "gpu_instance_id": str(d.gpu_instance_id),
+            }
+            mig_fields: dict[str, int | float] = {}
+            for row in mig_rows:
+                mig_fields.update(catalogue.mig_influx_fields(row, d, by_uuid.get(d.uuid)))
+            if mig_fields:
+                out.append(encode_line(catalogue.MIG_MEASUREMENT, mig_tags, mig_fields, ts_ms))
     return out

@@ -9,18 +9,21 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from gpudaemon import catalogue
 from gpudaemon.app import Agent
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
 from gpudaemon.config import load_config
 from gpudaemon.history.transport import Transport
 from gpudaemon.history.writer import InfluxWriter
 from gpudaemon.labels.outputs import StdoutSink
-from gpudaemon.metrics.catalogue import GPU_METRICS
 
 T0 = 1_700_000_000.0  # 2023-11-14: a fixed, realistic start for the injected clock
 PERIOD = 10.0
 # Fields the simulated dgx-h100 always reports, plus those the writer always adds.
-ALWAYS = {m.influx_field for m in GPU_METRICS} | {"healthy", "xid_errors_total"}
+ALWAYS = {r.influx_field for r in catalogue.rows("gpu") if not r.label} | {
+    "healthy",
+    "xid_errors_total",
+}
 
 
 class Clock:

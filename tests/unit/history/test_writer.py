@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpudaemon import catalogue
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
 from gpudaemon.cache import Cache
 from gpudaemon.config import Config, load_config
@@ -20,7 +21,6 @@ from gpudaemon.errors import ConfigError, InfluxWriteError
 from gpudaemon.history.lines import encode_line, lines_for
 from gpudaemon.history.transport import ClientTransport
 from gpudaemon.history.writer import InfluxWriter
-from gpudaemon.metrics.catalogue import GPU_METRICS
 from gpudaemon.model import GpuSample, Snapshot
 
 
@@ -102,7 +102,7 @@ def test_one_point_per_gpu_with_tags_fields_and_the_sample_time(tmp_path: Path) 
     assert head.startswith("gpu,gpu=3,model=NVIDIA\\ H100\\ 80GB\\ HBM3,node=node-a,uuid=GPU-")
     assert int(ts) == round(snap.samples_at * 1000)
     names = {f.split("=")[0] for f in fields.split(",")}
-    assert {m.influx_field for m in GPU_METRICS} <= names
+    assert {r.influx_field for r in catalogue.rows("gpu") if not r.label} <= names
     assert {"healthy", "xid_errors_total"} <= names
     assert "memory_used_bytes=" in fields and fields.split("memory_used_bytes=")[1][0].isdigit()
 

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry
 
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
 from gpudaemon.cache import Cache
-from gpudaemon.metrics.collector import GpuCollector
+from gpudaemon.metrics.collector import GpuCollector, ReadingAgeCollector
 from gpudaemon.model import (
     MIB,
     GpuInfo,
@@ -47,9 +47,8 @@ def _registry(
     cache.put_inventory(NodeInventory("550.54.15", (12, 4), gpus, backend="simulated"))
     cache.put_samples(samples)
     reg = CollectorRegistry()
-    reg.register(
-        GpuCollector(cache, NODE, pods=(lambda: pods) if pods else None, clock=lambda: now)
-    )
+    reg.register(GpuCollector(cache, NODE, pods=(lambda: pods) if pods else None))
+    reg.register(ReadingAgeCollector(cache, clock=lambda: now))
     return reg
 
 
@@ -193,7 +192,9 @@ def test_reading_age_comes_from_the_injected_clock() -> None:
 
 def test_before_the_first_poll_only_the_age_family_exists_and_is_empty() -> None:
     reg = CollectorRegistry()
-    reg.register(GpuCollector(Cache(), NODE))
+    cache = Cache()
+    reg.register(GpuCollector(cache, NODE))
+    reg.register(ReadingAgeCollector(cache))
     assert reg.get_sample_value("gpudaemon_last_reading_age_seconds") is None
     assert [m.name for m in reg.collect()] == ["gpudaemon_last_reading_age_seconds"]
 

@@ -1,0 +1,248 @@
+"""The catalogue of per-GPU series, as data: one row per series.
+
+Every per-GPU (and per-MIG-instance) series the agent exports is a row here: plain
+readings, health, lost, ECC by type, XID by code, the info series and the MIG series.
+The Prometheus collector (metrics/collector.py) and the InfluxDB line encoder
+(history/lines.py) both iterate only this table, so a series cannot be exported one
+way and forgotten the other; tests/unit/test_catalogue.py fails if they drift.
+
+A row says how to read its values, its Prometheus type and extra label, and its
+InfluxDB field: the name (`{}` stands for the extra label's value) and the type
+(int fields are written with the `i` suffix, so InfluxDB never sees a type change).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from gpudaemon.model import GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
+
+PREFIX = "gpudaemon_"
+Number = int | float
+# A GPU row's values: (extra label value, value) pairs; "" when the row has no label.
+GpuValues = Callable[[GpuSample], Iterable[tuple[str, Number]]]
+# A MIG row's value for one instance (its inventory entry, its newest reading).
+MigValue = Callable[[MigDevice, MigSample | None], Number | None]
+# The info row's label values for one GPU.
+InfoLabels = Callable[[NodeInventory, GpuInfo], tuple[str, ...]]
+
+# Labels every per-GPU series carries. Unattributed series carry pod="" etc., which
+# Prometheus stores as "label absent". InfluxDB tags: node, gpu, uuid, model.
+GPU_LABELS = ("gpu", "uuid", "model", "node", "pod", "namespace", "container")
+MIG_LABELS = (*GPU_LABELS, "mig_uuid", "mig_profile", "gpu_instance_id")
+INFO_LABELS = ("driver_version", "cuda_version", "pci_bus_id", "compute_capability", "mig_mode")
+# InfluxDB measurements: one point per GPU, one per MIG instance.
+GPU_MEASUREMENT = "gpu"
+MIG_MEASUREMENT = "mig"
+
+
+@dataclass(frozen=True)
+class Series:
+    """One row. `name` is the Prometheus name without the prefix; counters end in
+    `_total`. `scope` says what one sample of it describes: a GPU, a MIG instance, or
+    (info) a GPU's facts as labels."""
+
+    name: str
+    kind: Literal["gauge", "counter"]
+    help: str
+    scope: Literal["gpu", "mig", "info"]
+    # Prometheus: an extra label (ECC "type", XID "xid"); info: its label names.
+    label: str = ""
+    # InfluxDB: field name ("" = not in InfluxDB, see `influx_note`); `{}` is
+    # replaced by the extra label's value; `influx_sum` adds the labelled values
+    # into one field instead.
+    influx_field: str = ""
+    influx_type: type[int] | type[float] = float
+    influx_sum: bool = False
+    influx_note: str = ""
+    gpu: GpuValues | None = None
+    mig: MigValue | None = None
+    info: InfoLabels | None = None
+
+    @property
+    def prometheus_name(self) -> str:
+        return PREFIX + self.name
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        if self.scope == "mig":
+            return MIG_LABELS
+        if self.scope == "info":
+            return (*GPU_LABELS, *INFO_LABELS)
+        return (*GPU_LABELS, self.label) if self.label else GPU_LABELS
+
+
+def _reading(attr: str) -> GpuValues:
+    """A plain reading: the sample's attribute, absent when None."""
+
+    def read(s: GpuSample) -> Iterable[tuple[str, Number]]:
+        v = getattr(s, attr)
+        return () if v is None else (("", v),)
+
+    return read
+
+
+def _gauge(name: str, help_: str, attr: str, kind: type[int] | type[float] = float) -> Series:
+    return Series(
+        name,
+        "gauge",
+        help_,
+        "gpu",
+        gpu=_reading(attr),
+        influx_field=name.removeprefix("gpu_"),
+        influx_type=kind,
+    )
+
+
+def _ecc(s: GpuSample) -> Iterable[tuple[str, Number]]:
+    if s.ecc_corrected_errors_total is not None:
+        yield "corrected", s.ecc_corrected_errors_total
+    if s.ecc_uncorrected_errors_total is not None:
+        yield "uncorrected", s.ecc_uncorrected_errors_total
+
+
+def _xid(s: GpuSample) -> Iterable[tuple[str, Number]]:
+    return [(str(code), n) for code, n in sorted(s.xid_errors_total.items())]
+
+
+def _info(inv: NodeInventory, g: GpuInfo) -> tuple[str, ...]:
+    cuda = ".".join(map(str, inv.cuda_driver_version)) if inv.cuda_driver_version else ""
+    return (
+        inv.driver_version,
+        cuda,
+        g.pci_bus_id,
+        "{}.{}".format(*g.compute_capability),
+        "enabled" if g.mig_enabled else "disabled",
+    )
+
+
+def _mig_used(d: MigDevice, m: MigSample | None) -> Number | None:
+    return m.memory_used_bytes if m is not None else None
+
+
+def _mig_total(d: MigDevice, m: MigSample | None) -> Number | None:
+    return d.memory_total_bytes
+
+
+CATALOGUE: tuple[Series, ...] = (
+    Series(
+        "gpu_info",
+        "gauge",
+        "GPU facts as labels; always 1.",
+        "info",
+        info=_info,
+        influx_note="facts, not readings: InfluxDB points carry the model as a tag",
+    ),
+    _gauge(
+        "gpu_utilization_ratio",
+        "Fraction of time a kernel was running on the GPU (0-1).",
+        "gpu_utilization_ratio",
+    ),
+    _gauge(
+        "gpu_memory_utilization_ratio",
+        "Fraction of time device memory was being read or written (0-1).",
+        "memory_utilization_ratio",
+    ),
+    _gauge("gpu_memory_used_bytes", "Device memory in use.", "memory_used_bytes", int),
+    _gauge("gpu_memory_free_bytes", "Device memory free.", "memory_free_bytes", int),
+    _gauge("gpu_memory_total_bytes", "Device memory in total.", "memory_total_bytes", int),
+    _gauge("gpu_temperature_celsius", "GPU core temperature.", "temperature_celsius"),
+    _gauge("gpu_power_watts", "Power draw of the board.", "power_watts"),
+    Series(
+        "gpu_energy_joules_total",
+        "counter",
+        "Energy used since the driver was loaded.",
+        "gpu",
+        gpu=_reading("energy_joules_total"),
+        influx_field="energy_joules_total",
+    ),
+    _gauge("gpu_sm_clock_hertz", "Streaming-multiprocessor clock.", "sm_clock_hertz"),
+    _gauge("gpu_memory_clock_hertz", "Memory clock.", "memory_clock_hertz"),
+    _gauge("gpu_processes", "Compute processes running on the GPU.", "process_count", int),
+    Series(
+        "gpu_healthy",
+        "gauge",
+        "1 when the GPU is healthy, 0 when not.",
+        "gpu",
+        gpu=lambda s: (("", 1 if s.healthy else 0),),
+        influx_field="healthy",
+        influx_type=int,
+    ),
+    Series(
+        "gpu_lost",
+        "gauge",
+        "1 when the driver reports the GPU as lost (fell off the bus), 0 when not.",
+        "gpu",
+        gpu=lambda s: (("", 1 if s.lost else 0),),
+        influx_field="lost",
+        influx_type=int,
+    ),
+    Series(
+        "gpu_ecc_errors_total",
+        "counter",
+        "ECC errors since the driver was loaded, by type (corrected, uncorrected).",
+        "gpu",
+        label="type",
+        gpu=_ecc,
+        influx_field="ecc_{}_errors_total",
+        influx_type=int,
+    ),
+    Series(
+        "gpu_xid_errors_total",
+        "counter",
+        "XID errors reported by the driver, by XID code.",
+        "gpu",
+        label="xid",
+        gpu=_xid,
+        # All codes summed (per-code counts are in Prometheus); an empty map is a real
+        # count, 0, not an unsupported reading.
+        influx_field="xid_errors_total",
+        influx_type=int,
+        influx_sum=True,
+    ),
+    Series(
+        "mig_memory_used_bytes",
+        "gauge",
+        "Memory in use on a MIG instance.",
+        "mig",
+        mig=_mig_used,
+        influx_field="memory_used_bytes",
+        influx_type=int,
+    ),
+    Series(
+        "mig_memory_total_bytes",
+        "gauge",
+        "Memory of a MIG instance.",
+        "mig",
+        mig=_mig_total,
+        influx_field="memory_total_bytes",
+        influx_type=int,
+    ),
+)
+
+
+def rows(scope: Literal["gpu", "mig", "info"]) -> tuple[Series, ...]:
+    return tuple(r for r in CATALOGUE if r.scope == scope)
+
+
+def influx_fields(row: Series, sample: GpuSample) -> dict[str, Number]:
+    """A GPU row's InfluxDB fields for one sample, typed as the row says."""
+    if not row.influx_field or row.gpu is None:
+        return {}
+    values = list(row.gpu(sample))
+    cast = row.influx_type
+    if row.influx_sum:
+        return {row.influx_field: cast(sum(v for _, v in values))}
+    return {row.influx_field.format(label): cast(v) for label, v in values}
+
+
+def mig_influx_fields(
+    row: Series, device: MigDevice, sample: MigSample | None
+) -> dict[str, Number]:
+    """A MIG row's InfluxDB field for one instance; empty when the value is absent."""
+    if not row.influx_field or row.mig is None:
+        return {}
+    v = row.mig(device, sample)
+    return {} if v is None else {row.influx_field: row.influx_type(v)}

@@ -1,0 +1,150 @@
+"""The catalogue drives both exports: a Prometheus series and its InfluxDB field must
+not drift apart, and no reading of a GpuSample may be exported one way only."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpudaemon import catalogue
+from gpudaemon.cache import Cache
+from gpudaemon.history.lines import lines_for
+from gpudaemon.metrics.collector import GpuCollector
+from gpudaemon.model import MIB, GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory, Snapshot
+
+MIG = MigDevice("MIG-a", "1g.10gb", 1, 0, 9856 * MIB)
+GPU = GpuInfo(
+    0, "GPU-0", "NVIDIA A100", 40 * 1024 * MIB, (8, 0), mig_enabled=True, mig_devices=(MIG,)
+)
+FULL = GpuSample(
+    index=0,
+    uuid="GPU-0",
+    healthy=False,
+    health_reason="xid 79",
+    lost=False,
+    gpu_utilization_ratio=0.5,
+    memory_utilization_ratio=0.25,
+    memory_used_bytes=3 * MIB,
+    memory_free_bytes=5 * MIB,
+    memory_total_bytes=8 * MIB,
+    temperature_celsius=41.5,
+    power_watts=300.25,
+    energy_joules_total=1234.5,
+    sm_clock_hertz=1.98e9,
+    memory_clock_hertz=2.6e9,
+    ecc_corrected_errors_total=3,
+    ecc_uncorrected_errors_total=1,
+    process_count=2,
+    xid_errors_total={79: 2, 13: 1},
+    mig=(MigSample("MIG-a", memory_used_bytes=7 * MIB, memory_total_bytes=9856 * MIB),),
+)
+# Not readings: identity (tags/labels), the human-readable reason, the MIG readings
+# (checked through the MIG rows).
+NOT_READINGS = {"index", "uuid", "health_reason", "mig"}
+
+
+def _snapshot(sample: GpuSample) -> Snapshot:
+    cache = Cache(clock=lambda: 100.0)
+    cache.put_inventory(NodeInventory("550.54.15", (12, 4), (GPU,)))
+    return cache.put_samples((sample,))
+
+
+def _prometheus(snap: Snapshot) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    cache = Cache()
+    assert snap.inventory is not None
+    cache.put_inventory(snap.inventory)
+    cache.put_samples(snap.samples)
+    reg = CollectorRegistry()
+    reg.register(GpuCollector(cache, "n"))
+    out = {}
+    for fam in reg.collect():
+        for s in fam.samples:
+            if s.name.endswith("_created"):
+                continue
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _influx(snap: Snapshot) -> dict[tuple[str, str], float]:
+    """(measurement, field) -> value, for the one GPU and its MIG instance."""
+    out = {}
+    for line in lines_for(snap, "n"):
+        head, fields, _ts = re.split(r"(?<!\\) ", line)
+        measurement = head.split(",")[0]
+        for f in fields.split(","):
+            k, v = f.split("=")
+            out[(measurement, k)] = float(v.removesuffix("i"))
+    return out
+
+
+def _metric(
+    prom: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **want: str
+) -> list[float]:
+    return [
+        v
+        for (n, labels), v in prom.items()
+        if n == name and all(dict(labels).get(k) == w for k, w in want.items())
+    ]
+
+
+def test_every_row_is_in_influxdb_or_says_why_not() -> None:
+    for row in catalogue.CATALOGUE:
+        assert row.influx_field or row.influx_note, row.name
+        assert (row.scope == "info") == (row.info is not None), row.name
+        assert row.kind != "counter" or row.name.endswith("_total"), row.name
+
+
+def test_each_metric_and_its_influxdb_field_carry_the_same_value() -> None:
+    snap = _snapshot(FULL)
+    prom, influx = _prometheus(snap), _influx(snap)
+    seen = set()
+    for row in catalogue.CATALOGUE:
+        name = catalogue.PREFIX + row.name
+        if not row.influx_field:
+            assert _metric(prom, name), row.name
+            continue
+        if row.scope == "mig":
+            key = (catalogue.MIG_MEASUREMENT, row.influx_field)
+            assert _metric(prom, name, mig_uuid="MIG-a") == [influx[key]], row.name
+        elif row.influx_sum:
+            key = (catalogue.GPU_MEASUREMENT, row.influx_field)
+            assert sum(_metric(prom, name)) == influx[key] > 0, row.name
+        elif row.label:
+            for label, _ in row.gpu(FULL) if row.gpu else ():
+                key = (catalogue.GPU_MEASUREMENT, row.influx_field.format(label))
+                assert _metric(prom, name, **{row.label: label}) == [influx[key]], row.name
+                seen.add(key)
+            continue
+        else:
+            key = (catalogue.GPU_MEASUREMENT, row.influx_field)
+            assert _metric(prom, name) == [influx[key]], row.name
+        seen.add(key)
+    assert seen == set(influx), "InfluxDB has fields no metric explains"
+
+
+@pytest.mark.parametrize(
+    "field", [f.name for f in dataclasses.fields(GpuSample) if f.name not in NOT_READINGS]
+)
+def test_every_reading_reaches_both_exports(field: str) -> None:
+    """Change one reading: both the scrape and the InfluxDB point must change. A new
+    GpuSample field without a catalogue row fails here."""
+    old = getattr(FULL, field)
+    if isinstance(old, bool):
+        new: object = not old
+    elif isinstance(old, dict):
+        new = {**old, 48: 1}
+    else:
+        new = old * 2
+    changed = _snapshot(dataclasses.replace(FULL, **{field: new}))
+    base = _snapshot(FULL)
+    assert _prometheus(changed) != _prometheus(base), f"{field}: not in Prometheus"
+    assert _influx(changed) != _influx(base), f"{field}: not in InfluxDB"
+
+
+def test_mig_readings_reach_both_exports() -> None:
+    more = dataclasses.replace(FULL, mig=(MigSample("MIG-a", memory_used_bytes=8 * MIB),))
+    assert _prometheus(_snapshot(more)) != _prometheus(_snapshot(FULL))
+    assert _influx(_snapshot(more)) != _influx(_snapshot(FULL))
