@@ -1,14 +1,21 @@
-"""A bounded, durable, in-order spool of InfluxDB line protocol on local disk.
+"""A bounded, durable, in-order spool of InfluxDB line protocol in one SQLite file.
 
 influxdb-client keeps its retry buffer in memory, so an outage that outlives the
-process would lose points. The spool is a directory of append-only segment files
-(`seg-<20-digit number>.lp`, one line per point, fsync'd on every append) that the
-writer drains oldest first. A segment is removed only after InfluxDB accepted it,
-so a crash in between replays it once more, which is harmless because a point with
-the same measurement, tags and timestamp overwrites itself.
+process would lose points. The spool is `spool.db` (stdlib sqlite3, WAL, synchronous
+FULL): one row per point, one transaction per batch, so a write is either committed
+whole or rolled back, also on a full disk, and no torn or padded line can exist. The
+writer reads the oldest rows, sends them, then deletes them (`ack`).
 
-When the spool outgrows its byte bound, whole segments are dropped oldest first and
-the points in them are reported to the caller, who counts and logs them.
+Only the spool's own regular files are ever opened: every name is checked with
+lstat and O_NOFOLLOW (type, owner, one link) before SQLite opens it, so a symlink, a
+FIFO or a device in their place is a clear error, not a write to someone else's
+file. Anything else in the directory is reported and left alone, except segment
+files (`seg-<n>.lp`) of the earlier format, which are imported once (their bad lines
+skipped and counted) and then removed.
+
+When the spool would outgrow its byte bound (the line-protocol bytes it holds), whole
+batches are dropped oldest first, in the same transaction as the append, and the
+count is reported to the caller.
 """
 
 from __future__ import annotations
@@ -18,184 +25,437 @@ import errno
 import fcntl
 import os
 import re
-from collections import deque
-from dataclasses import dataclass
+import sqlite3
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpudaemon.errors import SpoolError, SpoolLockedError
 
-_SEGMENT = re.compile(r"^seg-(\d{20})\.lp$")
+DB_NAME = "spool.db"
+LOCK_NAME = ".lock"
+# SQLite's companions of DB_NAME; checked like it before SQLite may open them.
+_COMPANIONS = ("-wal", "-shm", "-journal")
+_LEGACY_SEGMENT = re.compile(r"^seg-(\d+)\.lp$")
 _PROBE = ".probe"
+_APPLICATION_ID = 0x67707564  # "gpud": marks the file as a gpudaemon spool
+_SCHEMA_VERSION = 1
+# Row ids are assigned by us (SQLite would pick a random id after 2**63-1 and break
+# the order); well before that, the rows are renumbered from 1.
+_MAX_ID = (1 << 63) - 1 - (1 << 32)
+# One line of our line protocol is ~500 bytes; anything this long is not ours.
+MAX_LINE_BYTES = 64 << 10
+# Old segments were at most 1 MiB (plus one batch); more than this is not one.
+LEGACY_SEGMENT_MAX_BYTES = 16 << 20
+
+# Line protocol as InfluxDB parses it, strict enough to keep out what cannot be a
+# point: NUL padding, a torn line, text that is not a point at all.
+_NAME = r"(?:[^,= \\\x00-\x1f\x7f]++|\\[^\x00-\x1f\x7f])++"
+_MEASUREMENT = r"(?:[^, \\\x00-\x1f\x7f]++|\\[^\x00-\x1f\x7f])++"
+_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+_VALUE = rf'(?:-?\d+i|\d+u|{_NUM}|t|T|true|True|TRUE|f|F|false|False|FALSE|"(?:[^"\\]|\\.)*")'
+_LINE = re.compile(
+    rf"{_MEASUREMENT}(?:,{_NAME}={_NAME})* {_NAME}={_VALUE}(?:,{_NAME}={_VALUE})* -?\d{{1,19}}"
+)
 
 
-def _error(path: Path, e: OSError) -> SpoolError:
-    reason = e.strerror or str(e)
-    return SpoolError(f"spool {path}: {reason}", reason)
+def valid_line(line: bytes) -> bool:
+    """True if `line` (no newline) is one well-formed point of line protocol."""
+    if not line or len(line) > MAX_LINE_BYTES:
+        return False
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return _LINE.fullmatch(text) is not None
+
+
+def _error(path: Path, e: OSError | sqlite3.Error, what: str = "") -> SpoolError:
+    if isinstance(e, OSError):
+        reason = e.strerror or str(e)
+    else:
+        reason = str(e) or type(e).__name__
+        if getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+            reason = os.strerror(errno.ENOSPC)  # the same words as a full disk elsewhere
+    return SpoolError(f"spool {path}: {what + ': ' if what else ''}{reason}", reason)
+
+
+def _check_own_file(path: Path) -> os.stat_result | None:
+    """lstat `path`: None if absent; a SpoolError unless it is a regular file of ours
+    with one link (a hard link could be someone else's file under our name)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise _error(path, e) from None
+    problem = _not_ours(st)
+    if problem:
+        raise SpoolError(
+            f"spool {path}: {problem}; the spool only opens its own regular files: move it away",
+            problem,
+        )
+    return st
+
+
+def _not_ours(st: os.stat_result) -> str:
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        kind = {
+            stat.S_IFIFO: "a FIFO",
+            stat.S_IFCHR: "a character device",
+            stat.S_IFBLK: "a block device",
+            stat.S_IFSOCK: "a socket",
+            stat.S_IFDIR: "a directory",
+        }.get(stat.S_IFMT(st.st_mode), "not a regular file")
+        return f"is {kind}, not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"is owned by uid {st.st_uid}, not by this process (uid {os.geteuid()})"
+    if st.st_nlink != 1:
+        return f"has {st.st_nlink} hard links"
+    return ""
+
+
+def _open_own(path: Path, flags: int) -> int:
+    """os.open that never follows a link, never blocks on a FIFO, and accepts only a
+    regular file of ours."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise SpoolError(
+                f"spool {path}: is a symbolic link; the spool only opens its own regular "
+                "files: move it away",
+                "is a symbolic link",
+            ) from None
+        raise _error(path, e) from None
+    problem = _not_ours(os.fstat(fd))
+    if problem:
+        os.close(fd)
+        raise SpoolError(
+            f"spool {path}: {problem}; the spool only opens its own regular files: move it away",
+            problem,
+        )
+    return fd
 
 
 @dataclass
-class Segment:
-    path: Path
-    number: int
-    size_bytes: int
-    points: int
+class Chunk:
+    """The oldest spooled points, for one request: `lines` are valid line protocol;
+    `invalid` rows were not and are dropped when the chunk is acknowledged."""
+
+    last_id: int
+    lines: list[bytes] = field(default_factory=list)
+    invalid: int = 0
+    size_bytes: int = 0
 
 
 class Spool:
     """Not thread-safe; the InfluxDB writer serialises calls under its own lock."""
 
-    def __init__(self, directory: str | Path, max_bytes: int, segment_bytes: int | None = None):
+    def __init__(self, directory: str | Path, max_bytes: int) -> None:
         self.dir = Path(directory)
+        self.path = self.dir / DB_NAME
         self.max_bytes = max_bytes
-        # Small enough that an overflow drops little more than it must, big enough that
-        # replay sends few requests: 1/16 of the bound, between 4 KiB and 1 MiB.
-        self.segment_bytes = segment_bytes or min(1 << 20, max(4096, max_bytes // 16))
-        self._segments: deque[Segment] = deque()
+        self.points = 0
+        self.size_bytes = 0  # line-protocol bytes held, newline included
+        # Files in the directory the spool does not own, and bad lines found while
+        # importing old segments: for the writer to report and count.
+        self.foreign: list[str] = []
+        self.imported_points = 0
+        self.imported_invalid = 0
+        self.imported_overflow = 0
+        self._next_id = 1
+        self._next_batch = 1
+        # Rows sent and accepted whose deletion could not be committed yet (disk full):
+        # never sent again by this process; deleted at the next chance.
+        self._acked_through = 0
+        self._acked_points = 0
+        self._acked_bytes = 0
         self._lock_fd: int | None = None
+        self._db: sqlite3.Connection | None = None
         try:
             if self.dir.exists() and not self.dir.is_dir():  # mkdir would say "File exists"
                 raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
             self.dir.mkdir(parents=True, exist_ok=True)
-            self._lock_fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+            self._lock_fd = _open_own(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT)
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            self._load()
+            self.probe()  # a read-only directory fails here, not at the first outage
+            self._open_db()
+            self._import_legacy()
+            self._scan_foreign()
         except BlockingIOError:
-            self._close_lock()
+            self.close()
             raise SpoolLockedError(
                 f"spool {self.dir} is in use by another process", "in use by another process"
             ) from None
         except OSError as e:
-            self._close_lock()
+            self.close()
             raise _error(self.dir, e) from None
+        except sqlite3.Error as e:
+            self.close()
+            raise _error(self.path, e, "cannot open the spool database") from None
         except SpoolError:
-            self._close_lock()
+            self.close()
             raise
 
-    # -- state -------------------------------------------------------------------
+    # -- opening -----------------------------------------------------------------
 
-    @property
-    def points(self) -> int:
-        return sum(s.points for s in self._segments)
+    def _open_db(self) -> None:
+        for suffix in _COMPANIONS:
+            _check_own_file(self.dir / (DB_NAME + suffix))
+        # Create or check the file ourselves (O_NOFOLLOW, type, owner) before SQLite,
+        # which follows links, opens it; then make sure it is still the same file.
+        fd = _open_own(self.path, os.O_RDWR | os.O_CREAT)
+        try:
+            checked = os.fstat(fd)
+        finally:
+            os.close(fd)  # before SQLite takes its locks: closing would drop them
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db = db
+        st = _check_own_file(self.path)
+        if st is None or (st.st_dev, st.st_ino) != (checked.st_dev, checked.st_ino):
+            raise SpoolError(f"spool {self.path}: replaced while opening", "replaced while opening")
+        # One process (the lock above): no shared-memory index, so no -shm file.
+        db.execute("PRAGMA locking_mode=EXCLUSIVE")
+        app_id = db.execute("PRAGMA application_id").fetchone()[0]
+        tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        if app_id != _APPLICATION_ID and tables:
+            raise SpoolError(
+                f"spool {self.path}: is not a gpudaemon spool; move it away",
+                "not a gpudaemon spool",
+            )
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")  # fsync the WAL at every commit
+        # The WAL is checkpointed into the file every 1/16 of the bound (16 pages to
+        # SQLite's default of 1000) and kept at most that size, so the disk use stays
+        # close to the bound (figures: bench/spool in docs/benchmarks.md).
+        page = db.execute("PRAGMA page_size").fetchone()[0]
+        wal_pages = min(1000, max(16, self.max_bytes // 16 // page))
+        db.execute(f"PRAGMA wal_autocheckpoint={wal_pages}")
+        db.execute(f"PRAGMA journal_size_limit={wal_pages * page}")
+        for suffix in _COMPANIONS:
+            _check_own_file(self.dir / (DB_NAME + suffix))
+        with self._transaction():
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS points "
+                "(id INTEGER PRIMARY KEY, batch INTEGER NOT NULL, line BLOB NOT NULL)"
+            )
+            db.execute("CREATE TABLE IF NOT EXISTS imported (name TEXT PRIMARY KEY)")
+            db.execute(f"PRAGMA application_id={_APPLICATION_ID}")
+            db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+        self._count()
 
-    @property
-    def size_bytes(self) -> int:
-        return sum(s.size_bytes for s in self._segments)
+    def _count(self) -> None:
+        db = self._conn()
+        n, size, last_id, last_batch = db.execute(
+            "SELECT count(*), coalesce(sum(length(line)) + count(*), 0), "
+            "coalesce(max(id), 0), coalesce(max(batch), 0) FROM points"
+        ).fetchone()
+        self.points, self.size_bytes = n, size
+        self._next_id, self._next_batch = last_id + 1, last_batch + 1
 
-    def __len__(self) -> int:
-        return len(self._segments)
-
-    def _load(self) -> None:
-        """Pick up what an earlier run left, repairing a torn last line after a crash."""
-        found: list[Segment] = []
-        for p in self.dir.iterdir():
-            m = _SEGMENT.match(p.name)
-            if not m:
+    def _import_legacy(self) -> None:
+        """Segments of the earlier file format: their valid lines become one batch
+        each, oldest first; a segment counts as imported in the same transaction that
+        stores its points, so a crash in between cannot import it twice."""
+        segments: list[tuple[int, str]] = []
+        for name in os.listdir(self.dir):
+            m = _LEGACY_SEGMENT.match(name)
+            if m:
+                segments.append((int(m.group(1)), name))
+        db = self._conn()
+        for _, name in sorted(segments):
+            path = self.dir / name
+            if db.execute("SELECT 1 FROM imported WHERE name=?", (name,)).fetchone():
+                path.unlink(missing_ok=True)
                 continue
             try:
-                data = p.read_bytes()
-            except OSError as e:
-                raise _error(p, e) from None
-            if data and not data.endswith(b"\n"):
-                data = data[: data.rfind(b"\n") + 1]
-                with open(p, "r+b") as f:
-                    f.truncate(len(data))
-                    os.fsync(f.fileno())
-            if not data:
-                p.unlink(missing_ok=True)
+                fd = _open_own(path, os.O_RDONLY)
+            except SpoolError as e:
+                self.foreign.append(f"{name} ({e.reason})")
                 continue
-            found.append(Segment(p, int(m.group(1)), len(data), data.count(b"\n")))
-        self._segments = deque(sorted(found, key=lambda s: s.number))
+            try:
+                data = _read_at_most(fd, LEGACY_SEGMENT_MAX_BYTES)
+            finally:
+                os.close(fd)
+            lines = [line for line in data.split(b"\n") if line]
+            good = [line for line in lines if valid_line(line)]
+            self.imported_invalid += len(lines) - len(good)
+            while good and sum(len(line) + 1 for line in good) > self.max_bytes:
+                good.pop(0)  # over the bound on its own: the oldest go, as on overflow
+                self.imported_overflow += 1
+            if good:
+                self.imported_overflow += self._append(good, record_import=name)
+            else:
+                with self._transaction():
+                    db.execute("INSERT OR IGNORE INTO imported(name) VALUES (?)", (name,))
+            self.imported_points += len(good)
+            path.unlink(missing_ok=True)
+
+    def _scan_foreign(self) -> None:
+        ours = {DB_NAME, LOCK_NAME, _PROBE, *(DB_NAME + s for s in _COMPANIONS)}
+        reported = {f.split(" ", 1)[0] for f in self.foreign}
+        for name in sorted(os.listdir(self.dir)):
+            if name not in ours and name not in reported:
+                self.foreign.append(name)
 
     # -- writing -----------------------------------------------------------------
 
     def append(self, lines: list[str]) -> int:
-        """Append points durably (fsync). Returns how many old points the bound dropped."""
+        """Store one batch durably (one transaction, fsync'd). Returns how many old
+        points the bound dropped to make room, oldest batches first. If the batch
+        alone is larger than the bound it is not stored and its points are returned."""
+        return self._append([line.encode() for line in lines])
+
+    def _append(self, lines: list[bytes], record_import: str | None = None) -> int:
         if not lines:
             return 0
-        data = "".join(line + "\n" for line in lines).encode()
-        seg = self._segments[-1] if self._segments else None
-        if seg is None or seg.size_bytes >= self.segment_bytes:
-            seg = Segment(self._next_path(), self._next_number(), 0, 0)
-            new = True
-        else:
-            new = False
+        self._retry_ack()
+        size = sum(len(line) + 1 for line in lines)
+        if size > self.max_bytes:
+            return len(lines)
+        if self._next_id + len(lines) > _MAX_ID or self._next_batch >= _MAX_ID:
+            self._renumber()
+        db = self._conn()
+        held = self.size_bytes - self._acked_bytes
+        cut_id, cut_points, cut_bytes = self._oldest_batches_over(held + size - self.max_bytes)
+        # Rows already sent go too, whenever something is deleted anyway.
+        delete_through = cut_id or self._acked_through
+        first = self._next_id
         try:
-            fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            try:
-                try:
-                    os.write(fd, data)
-                    os.fsync(fd)
-                except OSError:
-                    os.ftruncate(fd, seg.size_bytes)  # no half-written batch (disk full)
-                    raise
-            finally:
-                os.close(fd)
-            if new:
-                self._fsync_dir()
-        except OSError as e:
-            raise _error(seg.path, e) from None
-        if new:
-            self._segments.append(seg)
-        seg.size_bytes += len(data)
-        seg.points += len(lines)
-        return self._enforce_bound()
+            with self._transaction():
+                if delete_through:
+                    db.execute("DELETE FROM points WHERE id <= ?", (delete_through,))
+                db.executemany(
+                    "INSERT INTO points(id, batch, line) VALUES (?, ?, ?)",
+                    [(first + i, self._next_batch, line) for i, line in enumerate(lines)],
+                )
+                if record_import:
+                    db.execute("INSERT OR IGNORE INTO imported(name) VALUES (?)", (record_import,))
+        except sqlite3.Error as e:
+            raise _error(self.path, e, f"cannot spool {len(lines)} points") from None
+        self._next_id += len(lines)
+        self._next_batch += 1
+        if delete_through and self._acked_through:
+            self.points -= self._acked_points
+            self.size_bytes -= self._acked_bytes
+            self._acked_through = self._acked_points = self._acked_bytes = 0
+        self.points += len(lines) - cut_points
+        self.size_bytes += size - cut_bytes
+        return cut_points
 
-    def _enforce_bound(self) -> int:
-        dropped = 0
-        while self._segments and self.size_bytes > self.max_bytes:
-            seg = self._segments.popleft()
-            dropped += seg.points
-            # Forgotten either way; a file that will not go is met again after a restart.
-            with contextlib.suppress(OSError):
-                seg.path.unlink(missing_ok=True)
-        return dropped
+    def _oldest_batches_over(self, need: int) -> tuple[int, int, int]:
+        """The last row id, point count and bytes of the fewest oldest whole batches
+        (not yet acknowledged) that free at least `need` bytes; zeros if none needed."""
+        if need <= 0:
+            return 0, 0, 0
+        freed = points = 0
+        last_id, last_batch = 0, None
+        rows = self._conn().execute(
+            "SELECT id, batch, length(line) + 1 FROM points WHERE id > ? ORDER BY id",
+            (self._acked_through,),
+        )
+        for row_id, batch, nbytes in rows:
+            if freed >= need and batch != last_batch:
+                break
+            last_id, last_batch = row_id, batch
+            freed += nbytes
+            points += 1
+        return last_id, points, freed
 
-    def _next_number(self) -> int:
-        return self._segments[-1].number + 1 if self._segments else 1
-
-    def _next_path(self) -> Path:
-        return self.dir / f"seg-{self._next_number():020d}.lp"
+    def _renumber(self) -> None:
+        """Move ids and batch numbers back to 1, keeping their order (the guard
+        against 64-bit overflow; in practice never reached)."""
+        db = self._conn()
+        low_id, low_batch = db.execute(
+            "SELECT coalesce(min(id), 1), coalesce(min(batch), 1) FROM points"
+        ).fetchone()
+        try:
+            with self._transaction():
+                db.execute("UPDATE points SET id = -id, batch = -batch")
+                db.execute(
+                    "UPDATE points SET id = -id - ?, batch = -batch - ?",
+                    (low_id - 1, low_batch - 1),
+                )
+        except sqlite3.Error as e:
+            raise _error(self.path, e, "cannot renumber") from None
+        if self._acked_through:
+            self._acked_through -= low_id - 1
+        self._count()
 
     # -- reading -----------------------------------------------------------------
 
-    def oldest(self) -> Segment | None:
-        return self._segments[0] if self._segments else None
-
-    def read(self, seg: Segment) -> bytes:
+    def oldest(self, max_bytes: int) -> Chunk | None:
+        """The oldest points not yet acknowledged, about `max_bytes` of them (at least
+        one row); None when nothing waits."""
+        chunk: Chunk | None = None
         try:
-            return seg.path.read_bytes()
-        except OSError as e:
-            raise _error(seg.path, e) from None
+            rows = self._conn().execute(
+                "SELECT id, line FROM points WHERE id > ? ORDER BY id", (self._acked_through,)
+            )
+            for row_id, line in rows:
+                if chunk is None:
+                    chunk = Chunk(row_id)
+                elif chunk.size_bytes >= max_bytes:
+                    break
+                data = bytes(line) if isinstance(line, bytes | memoryview) else str(line).encode()
+                chunk.last_id = row_id
+                chunk.size_bytes += len(data) + 1
+                if valid_line(data):
+                    chunk.lines.append(data)
+                else:
+                    chunk.invalid += 1
+        except sqlite3.Error as e:
+            raise _error(self.path, e, "cannot read") from None
+        return chunk
 
-    def remove(self, seg: Segment) -> None:
-        """Forget a segment InfluxDB accepted (or rejected for good)."""
-        if self._segments and self._segments[0] is seg:
-            self._segments.popleft()
-        else:
-            self._segments.remove(seg)
-        self._unlink(seg)
+    def ack(self, chunk: Chunk) -> None:
+        """Forget a chunk InfluxDB took (or refused for good). If the deletion cannot be
+        committed (disk full), the chunk still counts as gone for this process and the
+        deletion is retried later; SpoolError says so."""
+        n = len(chunk.lines) + chunk.invalid
+        self._acked_through = chunk.last_id
+        self._acked_points += n
+        self._acked_bytes += chunk.size_bytes
+        self._retry_ack(raise_errors=True)
 
-    def _unlink(self, seg: Segment) -> None:
+    def _retry_ack(self, raise_errors: bool = False) -> None:
+        if not self._acked_through:
+            return
         try:
-            seg.path.unlink(missing_ok=True)
-        except OSError as e:
-            raise _error(seg.path, e) from None
+            with self._transaction():
+                self._conn().execute("DELETE FROM points WHERE id <= ?", (self._acked_through,))
+        except sqlite3.Error as e:
+            if raise_errors:
+                raise _error(self.path, e, "cannot delete sent points") from None
+            return
+        self.points -= self._acked_points
+        self.size_bytes -= self._acked_bytes
+        self._acked_through = self._acked_points = self._acked_bytes = 0
 
-    def _fsync_dir(self) -> None:
-        fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    @property
+    def waiting(self) -> int:
+        """Points not yet sent (spooled minus those sent but not yet deleted)."""
+        return self.points - self._acked_points
+
+    # -- health ------------------------------------------------------------------
 
     def probe(self) -> None:
-        """Check that the directory takes a durable write again (after a disk-full or
-        I/O error), without touching the segments."""
+        """Check that the directory takes a durable write (at start, and after a
+        disk-full or I/O error), without touching the database; also retries a
+        deletion that could not be committed."""
         path = self.dir / _PROBE
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with contextlib.suppress(FileNotFoundError):
+                _check_own_file(path)
+                path.unlink()
+            fd = _open_own(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
             try:
-                os.write(fd, b"\n")
+                if os.write(fd, b"\n") != 1:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -204,13 +464,46 @@ class Spool:
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
             raise _error(path, e) from None
+        if self._db is not None:
+            self._retry_ack(raise_errors=True)
 
     # -- lifecycle ---------------------------------------------------------------
 
-    def _close_lock(self) -> None:
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise SpoolError(f"spool {self.path}: closed", "closed")
+        return self._db
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        db = self._conn()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            db.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        if self._db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._retry_ack()
+                self._db.close()
+            self._db = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
 
-    def close(self) -> None:
-        self._close_lock()
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    parts: list[bytes] = []
+    total = 0
+    while total < limit:
+        part = os.read(fd, min(1 << 20, limit - total))
+        if not part:
+            break
+        parts.append(part)
+        total += len(part)
+    return b"".join(parts)

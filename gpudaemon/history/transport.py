@@ -5,6 +5,8 @@ the writer's metric label."""
 from __future__ import annotations
 
 import json
+import re
+import urllib.parse
 from typing import Protocol
 
 import urllib3.exceptions
@@ -69,6 +71,11 @@ def _http_error(status: int | None, reason: str | None, message: object) -> Infl
     except (ValueError, AttributeError):
         pass
     detail = " ".join(text.split())[:200]
+    # "dropped=N" (how many points of a partial write InfluxDB refused) is what the
+    # writer counts by; keep it even when the message is cut.
+    dropped = re.search(r"\bdropped=\d+", text)
+    if dropped and dropped.group() not in detail:
+        detail += f" ... {dropped.group()}"
     return InfluxWriteError(kind, f"HTTP {status} {reason or ''}".rstrip() + f": {detail}")
 
 
@@ -84,3 +91,41 @@ def _transport_error(e: Exception) -> InfluxWriteError:
     if isinstance(cause, OSError | urllib3.exceptions.HTTPError):
         return InfluxWriteError("unreachable", f"{type(cause).__name__}: {cause}")
     return InfluxWriteError("server", f"{type(cause).__name__}: {cause}")
+
+
+def redact_url(url: str) -> str:
+    """`url` without its user and password (http://user:pw@host -> http://***@host):
+    the only form of a URL that may be logged."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if "@" not in parts.netloc:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"***@{host}"))
+
+
+class Scrubber:
+    """Replaces the secrets of a URL's userinfo and the token with *** in text that
+    came from elsewhere (an exception's message) before it is logged."""
+
+    def __init__(self, url: str, token: str) -> None:
+        secrets: set[str] = set()
+        try:
+            parts = urllib.parse.urlsplit(url)
+            userinfo = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else ""
+        except ValueError:
+            userinfo = ""
+        for s in (userinfo, userinfo.partition(":")[2], token, token.partition(":")[2]):
+            if s:
+                secrets.add(s)
+                secrets.add(urllib.parse.unquote(s))
+                secrets.add(urllib.parse.quote(s, safe=""))
+        # Longest first, so a password inside the userinfo is not left half-replaced.
+        self._secrets = sorted(secrets, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for s in self._secrets:
+            text = text.replace(s, "***")
+        return text

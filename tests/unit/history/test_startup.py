@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gpudaemon.history.spool import Spool
+
 LOCAL = ("--labels-to", "none")
 
 
@@ -48,4 +50,6 @@ def test_unusable_spool_dir_exits_2_with_one_line_naming_key_path_reason_and_fix
 def test_usable_spool_dir_keeps_what_influxdb_cannot_take(tmp_path: Path) -> None:
     proc = run_once(tmp_path / "spool")
     assert proc.returncode == 0, proc.stderr
-    assert list((tmp_path / "spool").glob("seg-*.lp"))  # port 9 refused: spooled, not lost
+    spool = Spool(tmp_path / "spool", max_bytes=1 << 20)
+    assert spool.points == 8  # port 9 refused: spooled, not lost
+    spool.close()
