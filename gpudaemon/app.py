@@ -171,6 +171,9 @@ class Agent:
             self.reconcile_labels(),
             self.flush_history(),
         ]
+        # The Lease too: a cycle's labels are only worth something to a scheduler
+        # while a Lease vouches for them (it expires on its own afterwards).
+        ok += [fn() is not False for name, fn, _ in self._extra_jobs() if name == "lease"]
         return all(ok)
 
     # -- readiness ---------------------------------------------------------------
