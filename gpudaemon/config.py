@@ -6,10 +6,12 @@ names the key. Each field's comment says why its default is what it is.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -203,6 +205,12 @@ class Config(_Section):
             self.simulate = None
         return self
 
+    @model_validator(mode="after")
+    def _history_timeout(self) -> Config:
+        if self.influxdb.url:
+            check_history_timeout(self.influxdb.timeout_ms, self.schedules.history)
+        return self
+
     def influx_token(self) -> str:
         """The token from the environment or token_file; never logged."""
         if self.influxdb.token.get_secret_value():
@@ -215,6 +223,27 @@ class Config(_Section):
                     f"influxdb.token_file: cannot read {self.influxdb.token_file}: {e.strerror}"
                 ) from None
         return ""
+
+
+def check_history_timeout(timeout_ms: int, history: str) -> None:
+    """One InfluxDB request may take timeout_ms; at or above the history period a
+    run overruns and the next one (its reading) is skipped. (History issue 12 item 6.)"""
+    trigger = parse_cron(history)
+    fire = trigger.get_next_fire_time(None, datetime(2026, 1, 1, tzinfo=UTC))
+    period = math.inf
+    for _ in range(200):  # the shortest gap between runs, over the first 200 runs
+        if fire is None:
+            break
+        nxt = trigger.get_next_fire_time(fire, fire + timedelta(microseconds=1))
+        if nxt is not None:
+            period = min(period, (nxt - fire).total_seconds())
+        fire = nxt
+    if timeout_ms >= period * 1000:
+        raise ValueError(
+            f"influxdb.timeout_ms ({timeout_ms}) must be below the history period "
+            f"({period * 1000:.0f} ms between runs of schedules.history {history!r}): "
+            "a write that takes that long makes the next history run skip its reading"
+        )
 
 
 def check_listen(v: str) -> str:
