@@ -73,6 +73,9 @@ def _http_error(status: int | None, reason: str | None, message: object) -> Infl
     detail = " ".join(text.split())[:200]
     # "dropped=N" (how many points of a partial write InfluxDB refused) is what the
     # writer counts by; keep it even when the message is cut.
+    # So is whether some lines could not be parsed (not counted in dropped=N).
+    if "unable to parse" in text and "unable to parse" not in detail:
+        detail += " ... unable to parse"
     dropped = re.search(r"\bdropped=\d+", text)
     if dropped and dropped.group() not in detail:
         detail += f" ... {dropped.group()}"

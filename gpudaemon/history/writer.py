@@ -309,8 +309,10 @@ class InfluxWriter:
         except InfluxWriteError as e:
             if e.kind != "rejected":
                 raise
+            # InfluxDB 1.8 counts only field type conflicts and the like in dropped=N,
+            # not lines it could not parse ("unable to parse ...: dropped=0").
             m = _DROPPED.search(str(e))
-            if m and 0 < int(m.group(1)) <= len(lines):
+            if m and "unable to parse" not in str(e) and 0 < int(m.group(1)) <= len(lines):
                 return len(lines) - int(m.group(1)), int(m.group(1))
             if len(lines) == 1:
                 return 0, 1

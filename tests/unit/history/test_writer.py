@@ -4,8 +4,10 @@ tests/integration/influx."""
 
 from __future__ import annotations
 
+import os
 import re
 import socket
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from gpudaemon.config import Config, load_config
 from gpudaemon.errors import ConfigError, InfluxWriteError
 from gpudaemon.history.lines import encode_line, lines_for
 from gpudaemon.history.spool import Spool
-from gpudaemon.history.transport import ClientTransport
+from gpudaemon.history.transport import ClientTransport, Scrubber, redact_url
 from gpudaemon.history.writer import InfluxWriter
 from gpudaemon.model import GpuSample, Snapshot
 from tests.clock import FakeClock
@@ -386,3 +388,125 @@ def test_a_permanent_problem_is_one_log_line_not_one_per_cycle(tmp_path: Path) -
         logger.remove(sink)
     assert rig.metric("gpudaemon_influxdb_points_dropped_total", reason="rejected") == 40
     assert len([line for line in lines if "rejected" in line]) == 2  # the failure + the drop
+
+
+# -- issue 12: exact counts, skipped runs, the timeout rule, secrets --------------
+
+
+class PartialTransport(FakeTransport):
+    """Like InfluxDB 1.8: lines containing `bad` cannot be parsed (HTTP 400, the rest
+    of the body is written, "dropped=0"); lines containing `conflict` are refused
+    with "dropped=N"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests = 0
+
+    def write(self, body: bytes) -> None:
+        self.requests += 1
+        lines = body.splitlines()
+        bad = [x for x in lines if b"BAD" in x]
+        conflict = [x for x in lines if b"CONFLICT" in x]
+        self.bodies.append(b"\n".join(x for x in lines if x not in bad and x not in conflict))
+        if bad:
+            raise InfluxWriteError(
+                "rejected",
+                "HTTP 400: partial write: unable to parse "
+                f"'{bad[0].decode()[:20]}': invalid dropped={len(conflict)}",
+            )
+        if conflict:
+            raise InfluxWriteError(
+                "rejected", f"HTTP 400: partial write: field type conflict dropped={len(conflict)}"
+            )
+
+
+@pytest.mark.parametrize("marker", ["BAD", "CONFLICT"])
+def test_a_refused_line_costs_only_itself_and_every_point_is_counted_once(
+    tmp_path: Path, marker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gpudaemon.history.writer as writer_mod
+
+    def with_one_bad(snap: Snapshot, node: str) -> list[str]:
+        lines = lines_for(snap, node)
+        lines[3] = lines[3].replace("gpu,", f"gpu,{marker.lower()}={marker},", 1)
+        return lines
+
+    monkeypatch.setattr(writer_mod, "lines_for", with_one_bad)
+    rig = Rig(tmp_path)
+    rig.transport = rig.writer.transport = PartialTransport()  # type: ignore[assignment]
+    rig.cycle()
+    assert rig.metric("gpudaemon_influxdb_points_written_total") == 7
+    assert rig.metric("gpudaemon_influxdb_points_dropped_total", reason="rejected") == 1
+
+
+def test_skipped_history_runs_are_counted(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)  # history every 10 s; the clock moves 10 s per cycle
+    for _ in range(3):
+        rig.cycle()
+    assert rig.metric("gpudaemon_influxdb_history_runs_skipped_total") == 0
+    rig.clock.advance(20)  # the runs at +10 s and +20 s never happened
+    rig.cycle()
+    assert rig.metric("gpudaemon_influxdb_history_runs_skipped_total") == 2
+    rig.clock.advance(3)  # a run off the schedule (shutdown, --once) counts nothing
+    rig.writer.write(rig.cache.get())
+    rig.cycle()
+    assert rig.metric("gpudaemon_influxdb_history_runs_skipped_total") == 2
+
+
+@pytest.mark.parametrize(
+    ("history", "timeout_ms", "ok"),
+    [
+        ("*/10 * * * * *", 9_999, True),
+        ("*/10 * * * * *", 10_000, False),
+        ("* * * * * *", 5_000, False),
+        ("0,1 * * * * *", 1_000, False),  # the shortest gap counts
+        ("*/5 * * * *", 60_000, True),
+    ],
+)
+def test_timeout_at_or_above_the_history_period_is_refused_at_load(
+    tmp_path: Path, history: str, timeout_ms: int, ok: bool
+) -> None:
+    overrides = {
+        "influxdb": {"url": "http://127.0.0.1:1", "bucket": "b", "timeout_ms": timeout_ms},
+        "schedules": {"history": history},
+    }
+    if ok:
+        load_config(environ={}, overrides=overrides)
+        return
+    with pytest.raises(ConfigError) as e:
+        load_config(environ={}, overrides=overrides)
+    assert "influxdb.timeout_ms" in str(e.value) and "history period" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://user:pw-4711@influx:8086/x", "http://***@influx:8086/x"),
+        ("https://tok-4711@influx", "https://***@influx"),
+        ("http://influx:8086", "http://influx:8086"),
+    ],
+)
+def test_urls_are_logged_without_their_credentials(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+    scrub = Scrubber(url, "admin:token-4711")
+    assert "4711" not in scrub(f"failed {url} with admin:token-4711 and token-4711")
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "device"])
+def test_spool_database_that_is_not_a_regular_file_is_a_config_error(
+    tmp_path: Path, kind: str
+) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    db = spool / "spool.db"
+    if kind == "symlink":
+        db.symlink_to(tmp_path / "elsewhere")
+    elif kind == "fifo":
+        os.mkfifo(db)
+    else:
+        os.mknod(db, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    with pytest.raises(ConfigError) as e:
+        InfluxWriter(cfg(tmp_path), CollectorRegistry(), FakeTransport())
+    assert f"influxdb.spool_dir {spool} is not usable (is a" in str(e.value)
+    assert not (tmp_path / "elsewhere").exists()
