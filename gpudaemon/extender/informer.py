@@ -74,6 +74,8 @@ class Reflector:
                 self.relists += 1
                 continue
             except KubeError as e:
+                if stop.is_set():
+                    return
                 if not self._failing:
                     logger.warning("{} watch failed, retrying with backoff: {}", self.kind, e)
                 self._failing = True

@@ -1,0 +1,180 @@
+"""The extender with the real kube-scheduler: pods land where bin-packing predicts (and
+not under the default scheduler), stale or sick nodes get no GPU pods, and a burst
+neither overcommits nor spreads wider than pods created one at a time."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from gpudaemon.extender.policies import BinPack
+from gpudaemon.extender.state import NodeState, PodShape
+from tests.integration.scheduler.rig import SchedulerRig
+from tests.support import wait_for
+
+pytestmark = pytest.mark.integration
+
+SEQUENCE = [2, 1, 4, 1, 2, 4, 1, 2]
+
+
+def binpack_choices(used: dict[str, int], gpus: int) -> set[str]:
+    """Nodes bin-packing ranks first (utilization only breaks ties among these)."""
+    raw = {
+        n: BinPack(utilization_weight=0).raw_score(
+            NodeState(n, gpus_allocatable=8, gpus_requested=u), PodShape(gpus)
+        )
+        for n, u in used.items()
+        if 8 - u >= gpus
+    }
+    top = max(raw.values())
+    return {n for n, v in raw.items() if v == top}
+
+
+def make_group(rig: SchedulerRig, n: int, **agent: object) -> tuple[str, list[str]]:
+    group = uuid.uuid4().hex[:6]
+    nodes = [f"{group}-n{i}" for i in range(n)]
+    for node in nodes:
+        rig.add_node(node, group)
+    rig.run_agents(nodes, **agent)  # type: ignore[arg-type]
+    rig.wait_extender_sees(nodes)
+    return group, nodes
+
+
+def place_sequence(
+    rig: SchedulerRig, group: str, nodes: list[str], scheduler: str
+) -> tuple[list[tuple[int, str, set[str]]], list[str]]:
+    """Create the sequence one pod at a time; (gpus, node, binpack choices) per pod."""
+    placed, names = [], []
+    for gpus in SEQUENCE:
+        used = rig.gpus_by_node(nodes)
+        choices = binpack_choices(used, gpus)
+        name = rig.create_pod(gpus, group, scheduler=scheduler)
+        names.append(name)
+        placed.append((gpus, rig.wait_bound(name), choices))
+    return placed, names
+
+
+def test_pods_land_where_binpacking_predicts_and_not_under_the_default_scheduler(
+    rig: SchedulerRig,
+) -> None:
+    group, nodes = make_group(rig, 4)
+    # two nodes partly allocated by pods already bound there
+    pre = [rig.create_pod(3, group, node=nodes[0]), rig.create_pod(6, group, node=nodes[1])]
+    wait_for(
+        lambda: (
+            rig.extender is not None
+            and rig.extender.cluster.states([nodes[1]])[nodes[1]].gpus_free == 2
+        ),
+        timeout=10,
+        what="pre-bound pods in the cache",
+    )  # type: ignore[union-attr]
+
+    ours, names = place_sequence(rig, group, nodes, "gpudaemon-scheduler")
+    for gpus, node, choices in ours:
+        assert node in choices, (
+            f"{gpus}-GPU pod went to {node}, bin-packing predicts {choices}: {ours}"
+        )
+    assert (
+        rig.gpus_by_node(nodes)[nodes[1]] == 8
+    )  # the 2 free GPUs of the fullest node were used first
+
+    rig.delete_pods(names)
+    wait_for(
+        lambda: rig.gpus_by_node(nodes) == {nodes[0]: 3, nodes[1]: 6, nodes[2]: 0, nodes[3]: 0},
+        timeout=10,
+        what="sequence pods gone",
+    )
+    theirs, names = place_sequence(rig, group, nodes, "default-scheduler")
+    rig.delete_pods(names + pre)
+    off = [(g, n, c) for g, n, c in theirs if n not in c]
+    assert off, f"the default scheduler followed bin-packing by chance: {theirs}"
+
+
+def test_stale_or_sick_nodes_receive_no_gpu_pods(rig: SchedulerRig) -> None:
+    group, (good,) = make_group(rig, 1)
+    stale, sick = f"{group}-stale", f"{group}-sick"
+    rig.add_node(stale, group)
+    rig.add_node(sick, group)
+    rig.run_agents([stale], lease_duration_seconds=10)  # then "stopped": never renewed
+    profile = rig.dir / f"{group}-lost.yaml"
+    profile.write_text(
+        "gpus:\n  - {name: NVIDIA H100 80GB HBM3, memory_total_mib: 81559, compute_capability: '9.0', count: 8}\n"
+        "faults:\n  - {kind: lost, gpu: 2, after_s: 0}\n"
+    )
+    rig.run_agents([sick], simulate=str(profile))
+    assert rig.cp.node(sick)["metadata"]["labels"]["gpudaemon.io/gpu.healthy"] == "7"
+    rig.wait_extender_sees([sick])
+    ext = rig.extender
+    assert ext is not None
+    wait_for(lambda: not ext.cluster.fresh(stale), timeout=20, interval=0.2, what="stale Lease")
+
+    names = [rig.create_pod(1, group) for _ in range(4)]
+    assert {rig.wait_bound(n) for n in names} == {good}
+
+    pinned = {"kubernetes.io/hostname": stale}
+    p_stale = rig.create_pod(1, group, selector=pinned)
+    p_sick = rig.create_pod(1, group, selector={"kubernetes.io/hostname": sick})
+
+    def reason(pod: str, text: str) -> bool:
+        return any(text in m for m in rig.events_for(pod))
+
+    wait_for(
+        lambda: reason(p_stale, "stale"),
+        timeout=30,
+        interval=0.3,
+        what="a FailedScheduling event naming stale data",
+    )
+    wait_for(
+        lambda: reason(p_sick, "unhealthy"),
+        timeout=30,
+        interval=0.3,
+        what="a FailedScheduling event naming unhealthy GPUs",
+    )
+    assert not rig.pod(p_stale)["spec"].get("nodeName") and not rig.pod(p_sick)["spec"].get(
+        "nodeName"
+    )
+    reg = ext.registry
+    assert (
+        reg.get_sample_value("gpudaemon_extender_filter_nodes_total", {"result": "stale"}) or 0
+    ) >= 1
+    assert (
+        reg.get_sample_value("gpudaemon_extender_filter_nodes_total", {"result": "unhealthy"}) or 0
+    ) >= 1
+    rig.delete_pods([*names, p_stale, p_sick])
+
+
+def test_a_burst_never_overcommits_and_packs_as_tightly_as_one_at_a_time(rig: SchedulerRig) -> None:
+    group, nodes = make_group(rig, 10)
+
+    names = []
+    for _ in range(50):
+        names.append(rig.create_pod(1, group))
+        rig.wait_bound(names[-1])
+    one_by_one = rig.gpus_by_node(nodes)
+    rig.delete_pods(names)
+    wait_for(lambda: sum(rig.gpus_by_node(nodes).values()) == 0, timeout=10, what="pods gone")
+    ext = rig.extender
+    assert ext is not None
+    wait_for(
+        lambda: sum(s.gpus_requested for s in ext.cluster.states(nodes).values() if s) == 0,
+        timeout=40,
+        interval=0.2,
+        what="extender caches emptied",
+    )
+
+    t0 = time.monotonic()
+    names = [rig.create_pod(1, group) for _ in range(50)]  # all at once
+    for n in names:
+        rig.wait_bound(n, timeout=60)
+    burst = rig.gpus_by_node(nodes)
+    elapsed = time.monotonic() - t0
+    rig.delete_pods(names)
+
+    assert sum(burst.values()) == 50
+    assert max(burst.values()) <= 8, burst
+    used = lambda d: sum(1 for v in d.values() if v)  # noqa: E731
+    assert used(burst) <= used(one_by_one), (burst, one_by_one)
+    assert used(one_by_one) == 7  # 50 one-GPU pods fill six nodes and part of a seventh
+    print(f"burst of 50 bound in {elapsed:.1f}s over {used(burst)} nodes")
