@@ -103,7 +103,10 @@ def test_lease_heartbeat_renews_without_rewriting_the_node(
     first = control_plane.lease(node)
     assert first is not None
     spec = first["spec"]
-    assert spec["leaseDurationSeconds"] == 40 and spec["holderIdentity"]
+    assert (
+        spec["leaseDurationSeconds"] == a.cfg.kubernetes.lease_duration_seconds
+        and spec["holderIdentity"]
+    )
     owner = first["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"]) == ("Node", node)
     clock.t += 10
