@@ -247,8 +247,18 @@ class ClusterState:
             return out
 
     def freshness(self, names: Iterable[str]) -> dict[str, bool]:
+        """`fresh` for many nodes under one lock (the per-request path)."""
+        now = self.wall()
+        leases, uids = self._leases, self._node_uids
+        out: dict[str, bool] = {}
         with self._lock:
-            return {n: self.fresh(n) for n in names}
+            for n in names:
+                expiry, owner = leases.get(n, (None, ""))
+                uid = uids.get(n, "")
+                out[n] = (
+                    expiry is not None and now < expiry and not (owner and uid and owner != uid)
+                )
+        return out
 
     def sizes(self) -> dict[str, int]:
         with self._lock:

@@ -6,7 +6,7 @@ tables, and a request reads a consistent view with no locks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +26,10 @@ class PodShape:
 
 @dataclass(frozen=True, slots=True)
 class NodeState:
-    """One GPU node as the extender's caches see it, including assumed placements."""
+    """One GPU node as the extender's caches see it, including assumed placements.
+
+    The free amounts are computed once, at construction: a request reads them for
+    every node (5,000 per request), and a state lives until its node changes."""
 
     name: str
     gpu_model: str = ""  # the agent's `gpu.product` label
@@ -39,20 +42,19 @@ class NodeState:
     memory_requested_bytes: int = 0
     utilization_ratio: float | None = None  # mean over GPUs, from the `gpus` annotation
     has_agent_labels: bool = True
+    # Healthy free GPUs. An unhealthy GPU may be one a pod holds or a free one;
+    # counting it as free would overcommit a dead device, so it is subtracted.
+    gpus_free: int = field(init=False, compare=False)
+    cpu_free_milli: int = field(init=False, compare=False)
+    memory_free_bytes: int = field(init=False, compare=False)
 
-    @property
-    def gpus_free(self) -> int:
-        """Healthy free GPUs. An unhealthy GPU may be one a pod holds or a free one;
-        counting it as free would overcommit a dead device, so it is subtracted."""
-        return max(0, self.gpus_allocatable - self.gpus_requested - self.gpus_unhealthy)
-
-    @property
-    def cpu_free_milli(self) -> int:
-        return max(0, self.cpu_allocatable_milli - self.cpu_requested_milli)
-
-    @property
-    def memory_free_bytes(self) -> int:
-        return max(0, self.memory_allocatable_bytes - self.memory_requested_bytes)
+    def __post_init__(self) -> None:
+        free = self.gpus_allocatable - self.gpus_requested - self.gpus_unhealthy
+        object.__setattr__(self, "gpus_free", max(0, free))
+        cpu = self.cpu_allocatable_milli - self.cpu_requested_milli
+        object.__setattr__(self, "cpu_free_milli", max(0, cpu))
+        mem = self.memory_allocatable_bytes - self.memory_requested_bytes
+        object.__setattr__(self, "memory_free_bytes", max(0, mem))
 
     def can_host(self, pod: PodShape) -> bool:
         """GPU count, CPU, memory and model all fit (the whole-GPU view)."""
@@ -60,13 +62,11 @@ class NodeState:
             pod.gpus <= self.gpus_free
             and pod.cpu_milli <= self.cpu_free_milli
             and pod.memory_bytes <= self.memory_free_bytes
-            and pod.fits_model(self.gpu_model)
+            and (pod.gpu_models is None or self.gpu_model in pod.gpu_models)
         )
 
     def with_placed(self, pod: PodShape) -> NodeState:
         """The node after the pod lands on it."""
-        from dataclasses import replace
-
         return replace(
             self,
             gpus_requested=self.gpus_requested + pod.gpus,
