@@ -33,7 +33,7 @@ def check_node(
     if avoid_unhealthy and node.gpus_unhealthy > 0:
         return Rejection(
             "unhealthy",
-            f"{node.gpus_unhealthy} of the node's GPUs are unhealthy (lost or XID)",
+            f"{node.gpus_unhealthy} GPU(s) on the node unhealthy (lost, XID or ECC)",
         )
     if pod.gpus > node.gpus_free:
         return Rejection(
