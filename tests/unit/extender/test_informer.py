@@ -1,0 +1,115 @@
+"""The reflector lists, watches from the list's version, relists at once on 410 and
+after a backoff on other errors, and never lets a failure end the loop."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from gpudaemon.errors import KubeGoneError, KubeUnavailableError
+from gpudaemon.extender.informer import Reflector
+from gpudaemon.kube.backoff import Backoff
+
+
+class ScriptedClient:
+    """Each list returns the next scripted list; each watch plays the next script."""
+
+    def __init__(
+        self,
+        lists: list[tuple[list[dict[str, Any]], str]],
+        watches: list[list[Any]],
+        stop: threading.Event,
+    ) -> None:
+        self.lists, self.watches, self.stop = lists, watches, stop
+        self.calls: list[tuple[str, str]] = []
+
+    def list_items(
+        self, path: str, query: Mapping[str, str] | None = None
+    ) -> tuple[list[dict[str, Any]], str]:
+        if not self.lists:
+            self.stop.set()
+            raise KubeUnavailableError("script over")
+        items, rv = self.lists.pop(0)
+        self.calls.append(("list", rv))
+        return items, rv
+
+    def watch(
+        self,
+        path: str,
+        resource_version: str,
+        timeout_s: float = 300.0,
+        query: Mapping[str, str] | None = None,
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        self.calls.append(("watch", resource_version))
+        if not self.watches:
+            self.stop.set()
+            return
+        for step in self.watches.pop(0):
+            if isinstance(step, Exception):
+                raise step
+            yield step
+
+
+def obj(name: str, rv: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": rv}}
+
+
+def run(client: ScriptedClient, stop: threading.Event) -> tuple[list[Any], list[float]]:
+    seen: list[Any] = []
+    delays: list[float] = []
+    r = Reflector(
+        client,
+        "nodes",
+        "/api/v1/nodes",
+        lambda items: seen.append(("replace", [i["metadata"]["name"] for i in items])),
+        lambda k, o: seen.append((k, o["metadata"]["name"])),
+        backoff=Backoff(1, 8, rng=lambda: 1.0),
+    )
+    orig_wait = stop.wait
+
+    def fake_wait(t: float | None = None) -> bool:
+        if t:
+            delays.append(t)
+        return orig_wait(0)
+
+    stop.wait = fake_wait  # type: ignore[method-assign]
+    r.run(stop)
+    assert r.synced.is_set()
+    return seen, delays
+
+
+def test_list_then_watch_from_its_version_and_resume_after_the_server_ends_a_watch() -> None:
+    stop = threading.Event()
+    client = ScriptedClient(
+        [([obj("a", "1")], "10")],
+        [[("ADDED", obj("b", "11")), ("BOOKMARK", obj("", "15"))], [("DELETED", obj("a", "16"))]],
+        stop,
+    )
+    seen, delays = run(client, stop)
+    assert seen == [("replace", ["a"]), ("ADDED", "b"), ("DELETED", "a")]
+    # the second watch resumes from the bookmark's version, without a relist
+    assert client.calls[:3] == [("list", "10"), ("watch", "10"), ("watch", "15")]
+    assert not delays
+
+
+def test_410_relists_at_once_and_other_errors_back_off() -> None:
+    stop = threading.Event()
+    client = ScriptedClient(
+        [([obj("a", "1")], "10"), ([obj("a", "1"), obj("c", "30")], "30"), ([], "40")],
+        [
+            [("ADDED", obj("b", "11")), KubeGoneError("too old", 410)],
+            [KubeUnavailableError("reset")],
+            [],
+        ],
+        stop,
+    )
+    seen, delays = run(client, stop)
+    assert ("replace", ["a", "c"]) in seen and ("replace", []) in seen
+    assert [c for c in client.calls if c[0] == "list"] == [
+        ("list", "10"),
+        ("list", "30"),
+        ("list", "40"),
+    ]
+    # only the unavailable error waited, with the backoff's delay (rng=1: the full delay)
+    assert delays[0] == 1.0
