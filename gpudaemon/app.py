@@ -3,9 +3,10 @@ that drives the jobs, and the shutdown order."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from loguru import logger
@@ -17,18 +18,31 @@ from gpudaemon.config import Config
 from gpudaemon.errors import GpudaemonError, NvmlUnavailableError
 from gpudaemon.labels import LabelSet, NodeLabeler
 from gpudaemon.labels.outputs import FileSink, NfdSink, NullSink, StdoutSink
+from gpudaemon.logsetup import LogLimiter
 from gpudaemon.metrics.agent import AgentMetrics
 from gpudaemon.metrics.collector import GpuCollector, ReadingAgeCollector
 from gpudaemon.metrics.http import HttpServer, make_app
 from gpudaemon.model import PodMap
 from gpudaemon.podresources import PodAttribution
-from gpudaemon.schedule import CronScheduler
+from gpudaemon.schedule import CronScheduler, Job
 
 
 class LabelSink(Protocol):
+    """Where labels go. Every sink declares the same capabilities; the local outputs
+    (labels/outputs.py) answer "none" to the optional ones."""
+
     name: str
 
     def apply(self, ls: LabelSet) -> bool: ...
+
+    def jobs(self) -> Sequence[Job]:
+        """Scheduled jobs of its own (the API server writer: kube-retry, lease)."""
+        ...
+
+    def set_freshness(self, fresh: Callable[[], bool]) -> None:
+        """Told how to ask whether the agent's data is fresh (the Lease vouches only
+        for fresh data)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -94,9 +108,7 @@ class Agent:
         self.cache = Cache(clock)
         self.labeler = NodeLabeler(cfg.labels.prefix)
         self.label_sink = label_sink or make_label_sink(cfg, self.metrics)
-        set_freshness = getattr(self.label_sink, "set_freshness", None)
-        if callable(set_freshness):  # the Lease heartbeat vouches only for fresh data
-            set_freshness(lambda: self.readiness()[0])
+        self.label_sink.set_freshness(lambda: self.readiness()[0])
         self.history = (
             history_sink if history_sink is not None else make_history_sink(cfg, self.own_registry)
         )
@@ -111,70 +123,96 @@ class Agent:
         self.scheduler = CronScheduler(
             on_overrun=lambda job: self.metrics.job_overruns.labels(job).inc()
         )
+        self._job_log = LogLimiter(60.0)
+        self.jobs = self._job_table()
+        for name in self.jobs:  # every job's series exists from the start, at 0
+            self.metrics.poll_errors.labels(name)
+            self.metrics.job_overruns.labels(name)
         self.http: HttpServer | None = None
         self.stop_event = threading.Event()
 
     # -- jobs --------------------------------------------------------------------
 
-    def _timed(self, job: str, fn: Callable[[], object]) -> bool:
-        """Run one job; a failure keeps the last good data, is counted and logged."""
+    def _job_table(self) -> dict[str, Job]:
+        """Every scheduled job, in data order: name, cron, function."""
+        s = self.cfg.schedules
+        table = [
+            Job("inventory", s.inventory, self._inventory),
+            Job("telemetry", s.telemetry, self._telemetry),
+            Job("labels", s.labels, self._labels),
+        ]
+        if self.pod_attribution is not None:
+            table.append(Job("pods", s.pods, self.pod_attribution.refresh))
+        if self.history is not None:
+            table.append(Job("history", s.history, self._history))
+        table += self.label_sink.jobs()
+        return {j.name: j for j in table}
+
+    def run_job(self, name: str) -> bool:
+        """The one wrapper every run of every job goes through: times it, and on
+        failure keeps the last good data, counts it and logs it (the first failure of
+        a run of them, then at most once a minute, and once when the job works again).
+        True when the job succeeded; a job not configured is a success."""
+        job = self.jobs.get(name)
+        if job is None:
+            return True
         start = time.perf_counter()
         try:
-            fn()
-            return True
+            job.run()
         except GpudaemonError as e:
-            self.metrics.poll_errors.labels(job).inc()
-            logger.error("{} failed: {}", job, e)
+            self.metrics.poll_errors.labels(name).inc()
+            if self._job_log.allow(name):
+                logger.error("{} failed: {}", name, e)
+            return False
         except Exception as e:  # a bug must not kill the scheduler thread
-            self.metrics.poll_errors.labels(job).inc()
-            logger.opt(exception=e).error("{} failed unexpectedly: {}", job, e)
+            self.metrics.poll_errors.labels(name).inc()
+            if self._job_log.allow(name):
+                logger.opt(exception=e).error("{} failed unexpectedly: {}", name, e)
+            return False
         finally:
-            self.metrics.poll_duration_seconds.labels(job).observe(time.perf_counter() - start)
-        return False
+            self.metrics.poll_duration_seconds.labels(name).observe(time.perf_counter() - start)
+        if self._job_log.forget(name):
+            logger.info("{} works again", name)
+        return True
 
-    def poll_inventory(self) -> bool:
-        return self._timed("inventory", lambda: self.cache.put_inventory(self.backend.inventory()))
+    def _inventory(self) -> None:
+        self.cache.put_inventory(self.backend.inventory())
 
-    def poll_telemetry(self) -> bool:
-        def run() -> None:
-            if self.cache.get().inventory is None:
-                self.cache.put_inventory(self.backend.inventory())
-            self.cache.put_samples(self.backend.sample())
+    def _telemetry(self) -> None:
+        if self.cache.get().inventory is None:
+            self.cache.put_inventory(self.backend.inventory())
+        self.cache.put_samples(self.backend.sample())
 
-        return self._timed("telemetry", run)
-
-    def reconcile_labels(self) -> bool:
-        def run() -> None:
-            snap = self.cache.get()
-            if snap.inventory is None:
-                return
+    def _labels(self) -> None:
+        snap = self.cache.get()
+        if snap.inventory is not None:
             self.label_sink.apply(self.labeler.build(snap))
 
-        return self._timed("labels", run)
+    def _history(self) -> None:
+        if self.history is not None:
+            self.history.write(self.cache.get())
+
+    def poll_inventory(self) -> bool:
+        return self.run_job("inventory")
+
+    def poll_telemetry(self) -> bool:
+        return self.run_job("telemetry")
+
+    def reconcile_labels(self) -> bool:
+        return self.run_job("labels")
 
     def flush_history(self) -> bool:
-        if self.history is None:
-            return True
-        history = self.history
-        return self._timed("history", lambda: history.write(self.cache.get()))
+        return self.run_job("history")
 
     def refresh_pods(self) -> bool:
-        if self.pod_attribution is None:
-            return True
-        return self._timed("pods", self.pod_attribution.refresh)
+        return self.run_job("pods")
 
     def run_once(self) -> bool:
-        """One full cycle, in data order. True when every step succeeded."""
-        ok = [
-            self.poll_inventory(),
-            self.poll_telemetry(),
-            self.reconcile_labels(),
-            self.flush_history(),
-        ]
-        # The Lease too: a cycle's labels are only worth something to a scheduler
-        # while a Lease vouches for them (it expires on its own afterwards).
-        ok += [fn() is not False for name, fn, _ in self._extra_jobs() if name == "lease"]
-        return all(ok)
+        """One full cycle, in data order. True when every step succeeded. The Lease
+        too: a cycle's labels are only worth something to a scheduler while a Lease
+        vouches for them (it expires on its own afterwards)."""
+        order = ("inventory", "telemetry", "labels", "history", "lease")
+        return all([self.run_job(name) for name in order])
 
     # -- readiness ---------------------------------------------------------------
 
@@ -200,7 +238,6 @@ class Agent:
 
     def run(self, once: bool = False) -> int:
         """Run until stop_event is set (SIGTERM/SIGINT), or one cycle with once=True."""
-        s = self.cfg.schedules
         self.check_backend()
         if not once:
             try:
@@ -224,15 +261,8 @@ class Agent:
         self.poll_telemetry()
         self.reconcile_labels()
         self.refresh_pods()
-        self.scheduler.add("inventory", self.poll_inventory, s.inventory)
-        if self.pod_attribution is not None:
-            self.scheduler.add("pods", self.refresh_pods, s.pods)
-        self.scheduler.add("telemetry", self.poll_telemetry, s.telemetry)
-        self.scheduler.add("labels", self.reconcile_labels, s.labels)
-        if self.history is not None:
-            self.scheduler.add("history", self.flush_history, s.history)
-        for name, fn, cron in self._extra_jobs():
-            self.scheduler.add(name, fn, cron)
+        for job in self.jobs.values():
+            self.scheduler.add(job.name, functools.partial(self.run_job, job.name), job.cron)
         self.scheduler.start()
         self.stop_event.wait()
         logger.info("stopping: finishing the current cycle")
@@ -248,11 +278,6 @@ class Agent:
             raise
         except GpudaemonError as e:
             logger.error("first inventory failed, will retry on schedule: {}", e)
-
-    def _extra_jobs(self) -> list[tuple[str, Callable[[], Any], str]]:
-        """Jobs a sink asks for (e.g. the Kubernetes sink's Lease heartbeat)."""
-        jobs = getattr(self.label_sink, "jobs", None)
-        return list(jobs()) if callable(jobs) else []
 
     def close(self) -> None:
         """Shutdown order: stop polling, let running jobs finish, flush history, close

@@ -68,10 +68,11 @@ class LogLimiter:
             self._last[key] = now
             return True
 
-    def forget(self, key: Hashable = None) -> None:
-        """The next `allow(key)` is True again."""
+    def forget(self, key: Hashable = None) -> bool:
+        """The next `allow(key)` is True again. True if the key had been allowed (for
+        one key's "works again" line)."""
         with self._lock:
-            self._last.pop(key, None)
+            return self._last.pop(key, None) is not None
 
     def clear(self) -> bool:
         """Forget every key; True if any line had been allowed since the last clear."""

@@ -77,6 +77,17 @@ def parse_cron(expr: str, timezone: tzinfo | str = "UTC") -> CronTrigger:
         raise CronError(f"invalid cron expression {expr!r}: {e}") from None
 
 
+@dataclass(frozen=True)
+class Job:
+    """One row of the agent's job table: a name (the `task` metric label), a cron
+    expression and the function. The function raises a GpudaemonError to fail; the
+    agent's one wrapper counts and times every run, whatever the job."""
+
+    name: str
+    cron: str
+    run: Callable[[], object]
+
+
 @dataclass
 class JobStats:
     """Per-job counts of overruns, misses and errors (for logs and tests; the agent's

@@ -12,11 +12,8 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from loguru import logger
-
 from gpudaemon.errors import KubeError
 from gpudaemon.kube.client import KubeClient
-from gpudaemon.logsetup import LogLimiter
 
 LEASE_API = "/apis/coordination.k8s.io/v1"
 
@@ -91,8 +88,8 @@ class LeaseRenewer:
     """Server-side applies Lease `<namespace>/<node>`: holder, duration, renewTime.
 
     It renews whenever asked; whether the data deserves a renewal is the caller's call
-    (see NodeLabelSink.heartbeat). A failure is logged once per outage, not once per
-    renewal, and once more when renewals work again.
+    (see NodeLabelSink.heartbeat). A failure raises KubeError: the agent's job wrapper
+    counts it and logs the first of a run of failures, and when it works again.
     """
 
     def __init__(
@@ -110,7 +107,6 @@ class LeaseRenewer:
         self.holder = holder
         self.clock = clock
         self._acquired_at: float | None = None
-        self._failures = LogLimiter()  # once per outage
 
     def renew(self, node_uid: str | None = None) -> bool:
         """One renewal; True if the Lease was written. `node_uid` makes the Node its
@@ -130,9 +126,5 @@ class LeaseRenewer:
         try:
             self.client.apply_lease(self.namespace, self.node, spec, owner)
         except KubeError as e:
-            if self._failures.allow():
-                logger.warning("node {}: lease renewal failed: {}", self.node, e)
-            return False
-        if self._failures.clear():
-            logger.info("node {}: lease renewed again", self.node)
+            raise type(e)(f"node {self.node}: lease not renewed: {e}", e.status) from None
         return True

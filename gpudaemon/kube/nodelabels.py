@@ -19,6 +19,7 @@ from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import FIELD_MANAGER, Credentials, KubeClient
 from gpudaemon.kube.lease import LeaseRenewer, renew_cron
 from gpudaemon.labels import Labels, LabelSet
+from gpudaemon.schedule import Job
 
 if TYPE_CHECKING:
     from gpudaemon.config import Config
@@ -118,20 +119,17 @@ class NodeLabelSink:
             return self._reconcile()
 
     def retry(self) -> bool:
-        """Scheduled every second: does nothing unless a write is pending and due."""
+        """Scheduled every second: does nothing unless a write is pending and due.
+        Raises KubeError when the retry fails (the job wrapper counts and logs it)."""
         with self._lock:
             if self._desired is None or self._applied == self._desired:
                 return False
-            try:
-                return self._reconcile()
-            except KubeError as e:
-                logger.warning("{}", e)
-                return False
+            return self._reconcile()
 
-    def jobs(self) -> list[tuple[str, Callable[[], Any], str]]:
+    def jobs(self) -> list[Job]:
         return [
-            ("kube-retry", self.retry, "* * * * * *"),
-            ("lease", self.heartbeat, renew_cron(self.lease.duration_s)),
+            Job("kube-retry", "* * * * * *", self.retry),
+            Job("lease", renew_cron(self.lease.duration_s), self.heartbeat),
         ]
 
     def close(self) -> None:
@@ -189,9 +187,9 @@ class NodeLabelSink:
     # -- freshness Lease ---------------------------------------------------------------
 
     def heartbeat(self) -> bool:
-        """Renew the node's Lease. Skipped while the data is stale or the Node's labels
-        are not known to be current, so an expired Lease means "do not trust this
-        node's labels and annotation"."""
+        """Renew the node's Lease; False when skipped, KubeError when it fails. Skipped
+        while the data is stale or the Node's labels are not known to be current, so
+        an expired Lease means "do not trust this node's labels and annotation"."""
         with self._lock:
             current = self._applied is not None and self._applied == self._desired
         if not current or not self.fresh():

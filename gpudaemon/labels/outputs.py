@@ -11,11 +11,13 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
 from gpudaemon.errors import SinkError
 from gpudaemon.labels import Labels, LabelSet
+from gpudaemon.schedule import Job
 
 
 def _check(ls: LabelSet) -> None:
@@ -35,7 +37,21 @@ def atomic_write(path: Path, text: str) -> None:
         raise SinkError(f"cannot write {path}: {e.strerror or e}") from None
 
 
-class _ChangeTracking:
+class LocalOutput:
+    """What a local output adds to LabelSink: no jobs of its own, and no Lease, so the
+    data's freshness is not its concern."""
+
+    def jobs(self) -> Sequence[Job]:
+        return ()
+
+    def set_freshness(self, fresh: Callable[[], bool]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _ChangeTracking(LocalOutput):
     def __init__(self) -> None:
         self._last: dict[str, dict[str, str]] | None = None
 
@@ -51,9 +67,6 @@ class _ChangeTracking:
 
     def _write(self, ls: LabelSet) -> None:
         raise NotImplementedError
-
-    def close(self) -> None:
-        pass
 
 
 class StdoutSink(_ChangeTracking):
@@ -93,7 +106,7 @@ class NfdSink(_ChangeTracking):
         atomic_write(self.path, "".join(f"{k}={v}\n" for k, v in sorted(ls.labels.items())))
 
 
-class NullSink:
+class NullSink(LocalOutput):
     """`labels.to: none`: metrics and history only, no labels anywhere."""
 
     name = "none"
@@ -101,6 +114,3 @@ class NullSink:
     def apply(self, ls: LabelSet) -> bool:
         _check(ls)
         return False
-
-    def close(self) -> None:
-        pass

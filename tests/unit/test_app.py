@@ -2,20 +2,26 @@
 
 import json
 import signal
+import sys
 import time
 from pathlib import Path
 
+import pytest
+from loguru import logger
 from prometheus_client import CollectorRegistry
 
 from gpudaemon.app import Agent
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
 from gpudaemon.config import load_config
-from gpudaemon.errors import BackendError
+from gpudaemon.errors import BackendError, KubeUnavailableError
 from gpudaemon.labels import LabelSet
+from gpudaemon.labels.outputs import LocalOutput
+from gpudaemon.logsetup import setup_logging
+from gpudaemon.schedule import Job
 from tests.support import free_port, http_get, start_agent, stop, wait_for
 
 
-class RecordingSink:
+class RecordingSink(LocalOutput):
     name = "recording"
 
     def __init__(self) -> None:
@@ -137,3 +143,51 @@ def test_sigterm_stops_a_running_agent_promptly(tmp_path: Path) -> None:
         stop(proc)
     log = (tmp_path / "log").read_text()
     assert "stopping" in log and "Traceback" not in log
+
+
+class JobsSink(RecordingSink):
+    """A sink with jobs of its own, like the API server writer (kube-retry, lease)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = True
+
+    def jobs(self) -> list[Job]:
+        return [Job("lease", "*/2 * * * * *", self.beat)]
+
+    def beat(self) -> bool:
+        if self.fail:
+            raise KubeUnavailableError("lease not renewed: down")
+        return True
+
+
+def test_a_sinks_jobs_go_through_the_one_wrapper(capfd: pytest.CaptureFixture[str]) -> None:
+    cfg = load_config(
+        environ={},
+        overrides={
+            "simulate": "dgx-h100",
+            "node_name": "n1",
+            "metrics": {"pod_resources_socket": ""},
+        },
+    )
+    sink, reg = JobsSink(), CollectorRegistry()
+    agent = Agent(cfg, registry=reg, label_sink=sink)
+    assert list(agent.jobs) == ["inventory", "telemetry", "labels", "lease"]
+    assert agent.jobs["lease"].cron == "*/2 * * * * *"
+    errors = {"task": "lease"}
+    assert reg.get_sample_value("gpudaemon_poll_errors_total", errors) == 0  # exists at 0
+    logger.remove()
+    logger.add(sys.stderr, format="{message}")
+    try:
+        assert not agent.run_job("lease")
+        assert not agent.run_job("lease")
+        sink.fail = False
+        assert agent.run_job("lease")
+    finally:
+        setup_logging("WARNING")
+    assert reg.get_sample_value("gpudaemon_poll_errors_total", errors) == 2
+    assert reg.get_sample_value("gpudaemon_poll_duration_seconds_count", errors) == 3
+    err = capfd.readouterr().err
+    assert err.count("lease failed: lease not renewed: down") == 1  # once per run of failures
+    assert "lease works again" in err
+    assert agent.run_job("not-configured")

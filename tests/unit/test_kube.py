@@ -192,7 +192,9 @@ def test_api_error_arms_backoff_and_retry_converges_after_recovery() -> None:
         assert len(fake.calls) == before
         delays.append(sink._retry_at - clock.t + 0.5)
         clock.t = sink._retry_at
-        sink.retry()
+        with pytest.raises(KubeUnavailableError, match="labels not written"):
+            sink.retry()  # due: one request, failed, raised for the job wrapper to count
+        assert len(fake.calls) == before + 1
     assert delays == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
     assert writes(reg, "error") == 7
     fake.fail = None
@@ -242,7 +244,8 @@ def test_lease_is_renewed_only_when_labels_are_current_and_data_fresh() -> None:
     assert lease["spec"]["renewTime"] == micro_time(clock.t)
     assert lease["owner"]["uid"] == "u-1"
     fake.fail = KubeUnavailableError("down")
-    assert sink.heartbeat() is False
+    with pytest.raises(KubeUnavailableError, match="node n1: lease not renewed: down"):
+        sink.heartbeat()
 
 
 def test_in_sync_requires_our_ownership_of_exactly_the_desired_keys() -> None:
