@@ -19,9 +19,9 @@ from gpudaemon.errors import GpudaemonError, NvmlUnavailableError
 from gpudaemon.labels import LabelSet, NodeLabeler
 from gpudaemon.labels.outputs import FileSink, NfdSink, NullSink, StdoutSink
 from gpudaemon.logsetup import LogLimiter
-from gpudaemon.metrics.agent import AgentMetrics
 from gpudaemon.metrics.collector import GpuCollector, ReadingAgeCollector
 from gpudaemon.metrics.http import HttpServer, make_app
+from gpudaemon.metrics.selfmetrics import AgentMetrics
 from gpudaemon.model import PodMap
 from gpudaemon.podresources import PodAttribution
 from gpudaemon.schedule import CronScheduler, Job

@@ -23,7 +23,7 @@ from gpudaemon.schedule import Job
 
 if TYPE_CHECKING:
     from gpudaemon.config import Config
-    from gpudaemon.metrics.agent import AgentMetrics
+    from gpudaemon.metrics.selfmetrics import AgentMetrics
 
 
 def owned_keys(node: Mapping[str, Any], manager: str = FIELD_MANAGER) -> tuple[set[str], set[str]]:

@@ -29,7 +29,7 @@ from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.lease import lease_is_fresh, micro_time, renew_cron
 from gpudaemon.kube.nodelabels import NodeLabelSink, in_sync
 from gpudaemon.labels import Labels, LabelSet
-from gpudaemon.metrics.agent import AgentMetrics
+from gpudaemon.metrics.selfmetrics import AgentMetrics
 from tests.clock import FakeClock
 
 P = "gpudaemon.io/"
