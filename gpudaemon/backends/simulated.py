@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import re
 import threading
 import time
 import uuid as uuidlib
@@ -34,6 +35,7 @@ from gpudaemon.errors import ProfileError
 from gpudaemon.model import MIB, GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
 
 BUILTIN_PROFILES = ("dgx-h100", "a100-mig", "mixed")
+_GPU_UUID = re.compile(r"GPU-[0-9A-Fa-f]{8}(-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}")
 
 # MIG profile name -> memory in MiB, for the profiles our simulated A100/H100s offer.
 _MIG_MEMORY_MIB = {
@@ -66,16 +68,49 @@ class UtilizationSpec(_Strict):
     period_s: Annotated[float, Field(gt=0)] = 300.0
     noise: Annotated[float, Field(ge=0.0, le=1.0)] = 0.05
 
+    @model_validator(mode="after")
+    def _no_ignored_fields(self) -> UtilizationSpec:
+        """A field the pattern does not use is an error, not silently ignored."""
+        unused = self.model_fields_set - _PATTERN_FIELDS[self.pattern] - {"pattern"}
+        _reject_unused(unused, f"pattern {self.pattern}")
+        return self
+
+
+# What each utilization pattern reads (busy's mean sets the memory in use).
+_PATTERN_FIELDS = {
+    "steady": {"mean", "noise"},
+    "sine": {"mean", "amplitude", "period_s", "noise"},
+    "idle": {"noise"},
+    "busy": {"mean", "noise"},
+    "random-walk": {"mean", "noise"},
+}
+
+
+def _reject_unused(names: set[str], what: str) -> None:
+    if names:
+        raise ValueError(f"{', '.join(sorted(names))}: not used by {what} (remove it)")
+
 
 class FaultSpec(_Strict):
     kind: Literal["xid", "lost", "ecc"]
     gpu: int | None = None  # node-level faults name the GPU index
-    xid: int = 79
+    xid: Annotated[int, Field(ge=1, le=1_000_000)] = 79
     count: Annotated[int, Field(ge=1)] = 1
     corrected: Annotated[int, Field(ge=0)] = 0
     uncorrected: Annotated[int, Field(ge=0)] = 0
     after_s: Annotated[float, Field(ge=0)] = 0.0
     after_polls: Annotated[int, Field(ge=0)] = 0
+
+    @model_validator(mode="after")
+    def _fields_of_its_kind(self) -> FaultSpec:
+        """xid/count belong to XIDs, corrected/uncorrected to ECC: set on another kind
+        they would be ignored, so they are errors. An ECC fault must add something."""
+        own = {"xid": {"xid", "count"}, "ecc": {"corrected", "uncorrected"}, "lost": set()}
+        others = set().union(*own.values()) - own[self.kind]
+        _reject_unused(self.model_fields_set & others, f"kind {self.kind}")
+        if self.kind == "ecc" and not (self.corrected or self.uncorrected):
+            raise ValueError("kind ecc needs corrected or uncorrected above 0")
+        return self
 
 
 class MigSpec(_Strict):
@@ -90,6 +125,14 @@ class MigSpec(_Strict):
             if p not in _MIG_MEMORY_MIB:
                 raise ValueError(f"unknown MIG profile {p!r}")
         return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MigSpec:
+        if self.enabled and not self.capable:
+            raise ValueError("enabled: true needs capable: true")
+        if self.instances and not self.enabled:
+            raise ValueError("instances need enabled: true (they would be ignored)")
+        return self
 
 
 class GpuSpec(_Strict):
@@ -115,6 +158,27 @@ class GpuSpec(_Strict):
         if not (sep and major.isdigit() and minor.isdigit()):
             raise ValueError(f"must look like '9.0', got {s!r}")
         return s
+
+    @field_validator("uuid")
+    @classmethod
+    def _uuid_form(cls, v: str | None) -> str | None:
+        if v is not None and not _GPU_UUID.fullmatch(v):
+            raise ValueError(f"must look like an NVML UUID 'GPU-<8-4-4-4-12 hex>', got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _no_ignored_fields(self) -> GpuSpec:
+        if self.uuid is not None and self.count != 1:
+            raise ValueError(f"uuid: only with count: 1 ({self.count} GPUs cannot share one)")
+        for i, f in enumerate(self.faults):
+            if f.gpu is not None:
+                raise ValueError(
+                    f"faults[{i}]: gpu: per-GPU faults apply to every GPU of this entry; "
+                    "name a GPU only in the top-level faults list"
+                )
+            if f.kind == "ecc" and not self.ecc:
+                raise ValueError(f"faults[{i}]: an ecc fault needs ecc: true")
+        return self
 
 
 class Profile(_Strict):
@@ -146,6 +210,16 @@ class Profile(_Strict):
                 raise ValueError(
                     f"faults[{i}]: node-level faults need 'gpu' set to an index 0..{count - 1}"
                 )
+        specs = [g for g in self.gpus for _ in range(g.count)]
+        for i, f in enumerate(self.faults):
+            if f.kind == "ecc" and f.gpu is not None and not specs[f.gpu].ecc:
+                raise ValueError(f"faults[{i}]: an ecc fault needs ecc: true on GPU {f.gpu}")
+        seen: set[str] = set()
+        for g in self.gpus:
+            if g.uuid is not None:
+                if g.uuid.lower() in seen:
+                    raise ValueError(f"gpus: uuid {g.uuid} appears twice")
+                seen.add(g.uuid.lower())
         return self
 
 
@@ -232,7 +306,7 @@ class SimulatedBackend:
         for spec in self.profile.gpus:
             for _ in range(spec.count):
                 index = len(gpus)
-                uuid = spec.uuid if spec.uuid and spec.count == 1 else self._uuid(f"gpu:{index}")
+                uuid = spec.uuid or self._uuid(f"gpu:{index}")  # uuid implies count 1
                 major, minor = (int(x) for x in spec.compute_capability.split("."))
                 migs = tuple(
                     MigDevice(

@@ -96,7 +96,7 @@ def test_profile_file_with_faults_after_polls(tmp_path: Path) -> None:
     f.write_text(
         "driver_version: '535.1.2'\ncuda_version: '12.2'\n"
         "gpus: [{name: NVIDIA H100 80GB HBM3, memory_total_mib: 81559, compute_capability: '9.0',"
-        " count: 2, uuid: ignored-for-count-2}]\n"
+        " count: 2}]\n"
         "faults: [{kind: lost, gpu: 1, after_polls: 2}]\n"
     )
     b = SimulatedBackend(load_profile(str(f)))
