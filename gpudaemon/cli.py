@@ -23,6 +23,9 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gpudaemon", description="GPU node agent for Kubernetes.")
+    p.add_argument(
+        "--version", action="version", version=f"gpudaemon {__version__}", help="same as 'version'"
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     run = sub.add_parser("run", help="run the agent (labels, metrics, history)")
@@ -40,7 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--labels-to", metavar="DEST", help="apiserver | stdout | nfd | none | a file path"
     )
     run.add_argument("--listen", metavar="HOST:PORT", help="metrics address (default 0.0.0.0:9445)")
-    run.add_argument("--once", action="store_true", help="one full cycle, then exit 0")
+    run.add_argument(
+        "--once",
+        action="store_true",
+        help="one full cycle, then exit: 0 when every step succeeded, 1 when one failed "
+        "(a poll, the label sink, history or the Lease), 2 on bad input",
+    )
     run.add_argument("--log-json", action="store_true", help="log one JSON object per line")
     run.add_argument("--log-level", metavar="LEVEL", help="TRACE, DEBUG, INFO, WARNING, ERROR")
 
