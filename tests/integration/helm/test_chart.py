@@ -250,3 +250,10 @@ def test_every_rendered_object_passes_server_side_dry_run(
             query={"dryRun": "All", "fieldManager": "helm-dry-run", "fieldValidation": "Strict"},
         )
     assert {d["kind"] for d in docs} >= {"DaemonSet", "ValidatingAdmissionPolicy"}
+
+
+def test_chart_readme_names_every_top_level_value() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    readme = (CHART / "README.md").read_text()
+    missing = [k for k in values if f"`{k}`" not in readme]
+    assert missing == []
