@@ -6,6 +6,7 @@ counted) rather than stacked, and a backlog after a pause runs once, not N times
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections.abc import Callable
@@ -15,8 +16,10 @@ from typing import Any
 
 from apscheduler.events import (
     EVENT_JOB_ERROR,
+    EVENT_JOB_EXECUTED,
     EVENT_JOB_MAX_INSTANCES,
     EVENT_JOB_MISSED,
+    EVENT_JOB_SUBMITTED,
     JobExecutionEvent,
     JobSubmissionEvent,
 )
@@ -100,8 +103,38 @@ class JobStats:
         d[what] += 1
 
 
+class _DropSkipWarnings(logging.Filter):
+    """APScheduler warns on every skipped or missed run (every second during an
+    outage, for a per-second job). Our listener counts each one and logs one line per
+    episode instead, so APScheduler's own copies are dropped."""
+
+    PREFIXES = (
+        'Execution of job "%s" skipped: maximum number of running instances',
+        'Run time of job "%s" was missed by',
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.msg if isinstance(record.msg, str) else ""
+        return not msg.startswith(self.PREFIXES)
+
+
+_DROP_SKIPS = _DropSkipWarnings()
+
+
+def _silence_apscheduler_skips(executor: str = "default") -> None:
+    for name in ("apscheduler.scheduler", f"apscheduler.executors.{executor}"):
+        lg = logging.getLogger(name)
+        if _DROP_SKIPS not in lg.filters:
+            lg.addFilter(_DROP_SKIPS)
+
+
 class CronScheduler:
-    """A BackgroundScheduler with our defaults and listeners."""
+    """A BackgroundScheduler with our defaults and listeners.
+
+    A skipped run (the previous one still going) or a missed one is counted every
+    time (`stats`, `on_overrun`), and logged once per episode: one WARNING when a job
+    starts overrunning, one INFO when it runs on schedule again.
+    """
 
     def __init__(
         self,
@@ -123,10 +156,18 @@ class CronScheduler:
             timezone="UTC",
         )
         self._sched.add_listener(
-            self._listen, EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED | EVENT_JOB_ERROR
+            self._listen,
+            EVENT_JOB_MAX_INSTANCES
+            | EVENT_JOB_MISSED
+            | EVENT_JOB_ERROR
+            | EVENT_JOB_SUBMITTED
+            | EVENT_JOB_EXECUTED,
         )
+        _silence_apscheduler_skips()
         self._lock = threading.Lock()
-        self._overrun_log = LogLimiter(60.0)  # counted every time, logged once a minute
+        # Once per episode, keyed by (job, "overruns"|"misses"); the count of the episode.
+        self._episode_log = LogLimiter()
+        self._episode: dict[tuple[str, str], int] = {}
 
     def add(self, name: str, func: Callable[[], Any], cron: str) -> None:
         self._sched.add_job(func, parse_cron(cron), id=name, name=name, replace_existing=True)
@@ -144,22 +185,39 @@ class CronScheduler:
         with self._lock:
             if event.code == EVENT_JOB_MAX_INSTANCES:
                 self.stats.bump(job, "overruns")
-                if self._overrun_log.allow(job):
-                    n = self.stats.by_job[job]["overruns"]
-                    logger.warning(
-                        "job {} overran its schedule: previous run still going, skipped "
-                        "({} overruns so far)",
-                        job,
-                        n,
-                    )
+                self._start_episode(
+                    job,
+                    "overruns",
+                    "job {} overran its schedule: previous run still going, "
+                    "skipped (counted in gpudaemon_job_overruns_total; logged once until it "
+                    "runs on time again)",
+                )
                 if self._on_overrun:
                     self._on_overrun(job)
+            elif event.code == EVENT_JOB_SUBMITTED:
+                self._end_episode(job, "overruns", "job {} runs on schedule again ({} skipped)")
             elif event.code == EVENT_JOB_MISSED:
                 self.stats.bump(job, "misses")
-                logger.warning("job {} missed its run time (process was busy or paused)", job)
+                self._start_episode(
+                    job, "misses", "job {} missed its run time (process was busy or paused)"
+                )
+            elif event.code == EVENT_JOB_EXECUTED:
+                self._end_episode(job, "misses", "job {} runs on time again ({} missed)")
             elif event.code == EVENT_JOB_ERROR:
                 self.stats.bump(job, "errors")
                 exc = getattr(event, "exception", None)
                 logger.error("job {} failed: {}", job, exc)
                 if self._on_error:
                     self._on_error(job)
+
+    def _start_episode(self, job: str, what: str, message: str) -> None:
+        key = (job, what)
+        self._episode[key] = self._episode.get(key, 0) + 1
+        if self._episode_log.allow(key):
+            logger.warning(message, job)
+
+    def _end_episode(self, job: str, what: str, message: str) -> None:
+        key = (job, what)
+        n = self._episode.pop(key, 0)
+        if self._episode_log.forget(key):
+            logger.info(message, job, n)
