@@ -65,14 +65,15 @@ def make_label_sink(cfg: Config, metrics: AgentMetrics) -> LabelSink:
         from gpudaemon.kube.client import find_credentials
         from gpudaemon.kube.nodelabels import NodeLabelSink
 
-        creds = find_credentials(cfg.kubernetes.kubeconfig)
+        k = cfg.kubernetes
+        creds = find_credentials(k.kubeconfig, bool(k.in_cluster))
         if creds is None:
             logger.warning(
                 "no Kubernetes credentials (not in a cluster, no kubeconfig): "
                 "writing labels to stdout instead of the API server"
             )
             return StdoutSink()
-        return NodeLabelSink(cfg, creds, metrics)
+        return NodeLabelSink(k, cfg.node_name, creds, metrics)
     return FileSink(to)
 
 

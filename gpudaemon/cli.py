@@ -53,10 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-level", metavar="LEVEL", help="TRACE, DEBUG, INFO, WARNING, ERROR")
 
     probe = sub.add_parser("probe", help="poll once and print GPUs, labels and annotations")
+    probe.add_argument(
+        "--config", metavar="FILE", help="YAML configuration file (simulate, labels.prefix)"
+    )
     probe.add_argument("--simulate", metavar="PROFILE|FILE", help="simulated GPUs instead of NVML")
     probe.add_argument("--seed", type=int, help="seed for simulated readings")
     probe.add_argument("--format", choices=["table", "json"], default="table")
-    probe.add_argument("--prefix", default="gpudaemon.io/", help="label prefix")
+    probe.add_argument("--prefix", help="label prefix (default gpudaemon.io/)")
 
     ext = sub.add_parser("extender", help="run the kube-scheduler extender (scoring plugin)")
     ext.add_argument("--config", metavar="FILE", help="YAML configuration file")
@@ -154,23 +157,32 @@ def _extender(args: argparse.Namespace) -> int:
 def _probe(args: argparse.Namespace) -> int:
     from gpudaemon.backends import make_backend
     from gpudaemon.cache import Cache
+    from gpudaemon.config import load_config
     from gpudaemon.labels import NodeLabeler
     from gpudaemon.labels.sanitize import validate_prefix
     from gpudaemon.logsetup import setup_logging
 
     setup_logging("WARNING")
-    try:
-        validate_prefix(args.prefix)
-    except ValueError as e:
-        raise UsageError(f"--prefix: {e}") from None
-    backend = make_backend(args.simulate, seed=args.seed)
+    o: dict[str, Any] = {}
+    if args.prefix is not None:
+        try:
+            validate_prefix(args.prefix)
+        except ValueError as e:
+            raise UsageError(f"--prefix: {e}") from None
+        o["labels"] = {"prefix": args.prefix}
+    if args.simulate:
+        o["simulate"] = args.simulate
+    if args.seed is not None:
+        o["simulate_seed"] = args.seed
+    cfg = load_config(args.config, overrides=o)
+    backend = make_backend(cfg.simulate, seed=cfg.simulate_seed)
     try:
         cache = Cache()
         cache.put_inventory(backend.inventory())
         snap = cache.put_samples(backend.sample())
     finally:
         backend.close()
-    ls = NodeLabeler(args.prefix).build(snap)
+    ls = NodeLabeler(cfg.labels.prefix).build(snap)
     assert snap.inventory is not None
     gpus = []
     for info in snap.inventory.gpus:

@@ -17,7 +17,9 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -25,8 +27,11 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_settings import EnvSettingsSource, SettingsError
+from pydantic_settings.sources.utils import parse_env_vars
 
-from gpudaemon.errors import ConfigError
+from gpudaemon.errors import ConfigError, UsageError
+from gpudaemon.kube.client import SA_TOKEN
 from gpudaemon.labels.sanitize import validate_prefix
 from gpudaemon.schedule import CronError, parse_cron
 
@@ -36,6 +41,29 @@ _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
+
+
+def _check_listen(v: str) -> str:
+    from gpudaemon.httpserver import parse_listen  # the one parser, shared with the server
+
+    try:
+        parse_listen(v, "listen")
+    except UsageError as e:
+        raise ValueError(str(e).removeprefix("listen: ")) from None
+    return v
+
+
+def _not_bool(v: Any) -> Any:
+    # YAML `true` is not a count; "50" from an environment variable is.
+    if isinstance(v, bool):
+        raise ValueError("expected a whole number, got a boolean")
+    return v
+
+
+# "host:port", "[v6]:port" or ":port": the one listen-address type (agent and extender).
+ListenAddress = Annotated[str, AfterValidator(_check_listen)]
+# A whole number: 50 or "50" (environment variables are strings), not 1.5 or true.
+WholeNumber = Annotated[int, BeforeValidator(_not_bool)]
 
 
 class Schedules(_Section):
@@ -76,17 +104,12 @@ class LabelsConfig(_Section):
 
 
 class MetricsConfig(_Section):
-    listen: str = "0.0.0.0:9445"
+    listen: ListenAddress = "0.0.0.0:9445"
     # /readyz turns not-ready when the newest reading is older than this: three
     # missed 5 s telemetry polls plus scheduling slack.
     stale_after_seconds: Annotated[float, Field(gt=0)] = 30.0
     # The kubelet pod-resources socket; a missing file means no pod labels. Empty: off.
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
-
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, v: str) -> str:
-        return check_listen(v)
 
 
 class InfluxConfig(_Section):
@@ -98,24 +121,34 @@ class InfluxConfig(_Section):
     token: SecretStr = SecretStr("")
     spool_dir: str = ""  # empty: /var/lib/gpudaemon/spool when history is on
     # 256 MiB holds about a week of 8-GPU history at 10 s resolution.
-    spool_max_bytes: Annotated[int, Field(gt=0)] = 268_435_456
-    timeout_ms: Annotated[int, Field(gt=0)] = 5_000
+    spool_max_bytes: Annotated[WholeNumber, Field(gt=0)] = 268_435_456
+    timeout_ms: Annotated[WholeNumber, Field(gt=0)] = 5_000
     # On SIGTERM, replay the spool for at most this long (plus one timeout_ms): well
     # inside Kubernetes' default 30 s grace period; the rest stays on disk.
     shutdown_flush_seconds: Annotated[float, Field(ge=0)] = 10.0
 
 
 class KubernetesConfig(_Section):
-    kubeconfig: str = ""  # empty: in-cluster, then ~/.kube/config
+    # Empty: in a cluster, its service account; else the first file in $KUBECONFIG
+    # that exists, then ~/.kube/config (resolved when the config is loaded).
+    kubeconfig: str = ""
+    # None: in a cluster when $KUBERNETES_SERVICE_HOST is set and the service-account
+    # token is mounted (resolved when the config is loaded).
+    in_cluster: bool | None = None
+    # Written into the Lease as `<this>/<pid>`. Empty: $POD_NAME, then the hostname.
+    holder_identity: str = ""
     # Stale after this; renewed every third of it (`kube.lease.renew_period_s`). 6 min
     # gives 30 Lease writes per node-hour (kubelet's own node lease costs 360) and a
     # stale threshold the extender can live with: GPU data needs no liveness precision.
-    lease_duration_seconds: Annotated[int, Field(ge=10, le=86400, strict=True)] = 360
+    lease_duration_seconds: Annotated[WholeNumber, Field(ge=10, le=86400)] = 360
     lease_namespace: str = "gpudaemon"
     # Backoff cap after API errors: bounds recovery time without hammering a sick server.
     backoff_max_seconds: Annotated[float, Field(gt=0)] = 60.0
     # Per-request read timeout: a hung API server must never hold a job for long.
     request_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
+    # Connect timeout: a dead server refuses at once; a black-holed one should not
+    # hold a job for long.
+    connect_timeout_seconds: Annotated[float, Field(gt=0)] = 3.0
     # Re-read the Node this often to repair drift (someone removed our label);
     # a read, not a write, so it costs the API server little.
     resync_seconds: Annotated[float, Field(gt=0)] = 600.0
@@ -125,15 +158,15 @@ class TypicalPod(_Section):
     """One typical pod shape for the fragmentation policy (an override of the shapes it
     learns from the pods it sees)."""
 
-    gpus: Annotated[int, Field(ge=1, le=1024, strict=True)]
-    cpu_milli: Annotated[int, Field(ge=0, le=10**7, strict=True)] = 0
-    memory_mib: Annotated[int, Field(ge=0, le=10**9, strict=True)] = 0
+    gpus: Annotated[WholeNumber, Field(ge=1, le=1024)]
+    cpu_milli: Annotated[WholeNumber, Field(ge=0, le=10**7)] = 0
+    memory_mib: Annotated[WholeNumber, Field(ge=0, le=10**9)] = 0
     gpu_models: list[str] = []
     weight: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = 1.0
 
 
 class ExtenderConfig(_Section):
-    listen: str = "0.0.0.0:9446"
+    listen: ListenAddress = "0.0.0.0:9446"
     # The default policy; a pod picks another with the annotation gpudaemon.io/policy.
     policy: Literal["binpack", "spread", "fragmentation"] = "binpack"
     # Weight of measured utilization as the tie-break within a policy. Below 1, so it
@@ -151,18 +184,13 @@ class ExtenderConfig(_Section):
     filter_picks_best: bool = False
     # Requests larger than this are refused with 413 (5,000 Node objects are ~20 MiB
     # without nodeCacheCapable; with it, 5,000 names are ~100 KiB).
-    max_body_bytes: Annotated[int, Field(ge=1024, le=1 << 30, strict=True)] = 64 << 20
+    max_body_bytes: Annotated[WholeNumber, Field(ge=1024, le=1 << 30)] = 64 << 20
     # Worker threads for requests: the scheduler sends one request at a time per
     # scheduler; a few more absorb retries and scrapes.
-    threads: Annotated[int, Field(ge=1, le=256, strict=True)] = 8
+    threads: Annotated[WholeNumber, Field(ge=1, le=256)] = 8
     # Pods remembered for learning the workload's typical shapes (fragmentation policy).
-    workload_window: Annotated[int, Field(ge=1, le=1_000_000, strict=True)] = 2000
+    workload_window: Annotated[WholeNumber, Field(ge=1, le=1_000_000)] = 2000
     typical_pods: list[TypicalPod] = []
-
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, v: str) -> str:
-        return check_listen(v)
 
 
 class LoggingConfig(_Section):
@@ -178,9 +206,11 @@ class LoggingConfig(_Section):
 
 
 class Config(_Section):
-    node_name: str = ""  # default: $NODE_NAME, then the hostname
+    # Empty: $NODE_NAME, then the lower-cased hostname, as kubelet names the Node
+    # (resolved when the config is loaded).
+    node_name: str = ""
     simulate: str | None = None  # absent: real NVML
-    simulate_seed: int | None = None
+    simulate_seed: WholeNumber | None = None
     schedules: Schedules = Schedules()
     labels: LabelsConfig = LabelsConfig()
     metrics: MetricsConfig = MetricsConfig()
@@ -191,9 +221,6 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _defaults(self) -> Config:
-        if not self.node_name:
-            # kubelet names the Node after the lower-cased hostname; do the same
-            self.node_name = os.environ.get("NODE_NAME") or socket.gethostname().lower()
         # It goes into API paths: only a valid Node name (DNS-1123 subdomain) may.
         if len(self.node_name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(self.node_name):
             raise ValueError(
@@ -246,11 +273,21 @@ def check_history_timeout(timeout_ms: int, history: str) -> None:
         )
 
 
-def check_listen(v: str) -> str:
-    _host, sep, port = v.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"must be HOST:PORT, got {v!r}")
-    return v
+class _EnvSource(EnvSettingsSource):
+    """pydantic-settings' GPUDAEMON_* reader (nested keys joined by `__`, JSON for
+    lists), over an injected mapping instead of the process environment."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._environ = environ
+        super().__init__(
+            Config,  # type: ignore[arg-type]  # a plain model works: only its fields are read
+            case_sensitive=False,
+            env_prefix=ENV_PREFIX,
+            env_nested_delimiter="__",
+        )
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return parse_env_vars(self._environ, False, False, None)
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -259,20 +296,37 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     Variables whose first part is not a config key (GPUDAEMON_TOOLS_DIR, say) belong
     to someone else and are ignored; a typo inside a known section is an error.
     """
-    out: dict[str, Any] = {}
-    for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX):
-            continue
-        path = name[len(ENV_PREFIX) :].lower().split("__")
-        if path[0] not in Config.model_fields:
-            continue
-        node = out
-        for part in path[:-1]:
-            nxt = node.setdefault(part, {})
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"environment {name}: {part} is not a section")
-            node = nxt
-        node[path[-1]] = value
+    try:
+        return _EnvSource(environ)()
+    except SettingsError as e:  # e.g. a section or list set to something not JSON
+        m = re.search(r'field "(\w+)"', str(e))
+        name = f"{ENV_PREFIX}{m.group(1).upper()}" if m else ENV_PREFIX + "*"
+        cause = " ".join(str(e.__cause__ or e).split())[:200]
+        raise ConfigError(
+            f"environment {name}: not a valid value for a section or list "
+            f"(set one key with {name}__KEY, or give JSON): {cause}"
+        ) from None
+
+
+def _from_environment(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """The defaults that come from the environment; every such read is here."""
+    out = dict(data)
+    if not out.get("node_name"):
+        out["node_name"] = environ.get("NODE_NAME") or socket.gethostname().lower()
+    kube = out.get("kubernetes")
+    if kube is not None and not isinstance(kube, Mapping):
+        return out  # not a section: validation names it
+    k: dict[str, Any] = dict(kube or {})
+    if k.get("in_cluster") is None:
+        k["in_cluster"] = bool(environ.get("KUBERNETES_SERVICE_HOST")) and SA_TOKEN.is_file()
+    if not k.get("kubeconfig") and k["in_cluster"] is not True:
+        home = environ.get("HOME")
+        candidates = [*environ.get("KUBECONFIG", "").split(os.pathsep)]
+        candidates += [f"{home}/.kube/config"] if home else []
+        k["kubeconfig"] = next((c for c in candidates if c and Path(c).is_file()), "")
+    if not k.get("holder_identity"):
+        k["holder_identity"] = environ.get("POD_NAME") or socket.gethostname()
+    out["kubernetes"] = k
     return out
 
 
@@ -308,8 +362,10 @@ def load_config(
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: expected a mapping at the top level")
         data = loaded or {}
-    data = _deep_merge(data, env_overrides(os.environ if environ is None else environ))
+    env = os.environ if environ is None else environ
+    data = _deep_merge(data, env_overrides(env))
     data = _deep_merge(data, overrides or {})
+    data = _from_environment(data, env)
     try:
         return Config.model_validate(data)
     except ValidationError as e:

@@ -54,7 +54,7 @@ class Extender:
     ) -> None:
         self.cfg = cfg
         if client is None:
-            creds = find_credentials(cfg.kubernetes.kubeconfig)
+            creds = find_credentials(cfg.kubernetes.kubeconfig, bool(cfg.kubernetes.in_cluster))
             if creds is None:
                 raise ConfigError(
                     "extender: no Kubernetes credentials (not in a pod, no kubeconfig);"

@@ -10,7 +10,6 @@ are the only importers of `kubernetes`.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,22 +54,14 @@ class Credentials:
     kubeconfig: str = ""
 
 
-def find_credentials(
-    kubeconfig: str = "", environ: Mapping[str, str] | None = None
-) -> Credentials | None:
-    """An explicit kubeconfig, else the in-cluster service account, else $KUBECONFIG,
-    else ~/.kube/config; None if there is none. `environ` defaults to the process's."""
-    env = os.environ if environ is None else environ
+def find_credentials(kubeconfig: str = "", in_cluster: bool = False) -> Credentials | None:
+    """A kubeconfig file when one is named, else the in-cluster service account when
+    running in a cluster, else None. config.py resolves both from the environment
+    (`kubernetes.kubeconfig`, `kubernetes.in_cluster`)."""
     if kubeconfig:
         return Credentials(in_cluster=False, kubeconfig=kubeconfig)
-    if env.get("KUBERNETES_SERVICE_HOST") and SA_TOKEN.is_file():
+    if in_cluster:
         return Credentials(in_cluster=True)
-    for candidate in filter(
-        None,
-        [*env.get("KUBECONFIG", "").split(os.pathsep), str(Path.home() / ".kube" / "config")],
-    ):
-        if Path(candidate).is_file():
-            return Credentials(in_cluster=False, kubeconfig=candidate)
     return None
 
 

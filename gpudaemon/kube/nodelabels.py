@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -22,7 +21,7 @@ from gpudaemon.labels import Labels, LabelSet
 from gpudaemon.schedule import Job
 
 if TYPE_CHECKING:
-    from gpudaemon.config import Config
+    from gpudaemon.config import KubernetesConfig
     from gpudaemon.metrics.selfmetrics import AgentMetrics
 
 
@@ -69,7 +68,8 @@ class NodeLabelSink:
 
     def __init__(
         self,
-        cfg: Config,
+        k: KubernetesConfig,
+        node: str,
         creds: Credentials | None,
         metrics: AgentMetrics,
         *,
@@ -77,13 +77,14 @@ class NodeLabelSink:
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
     ) -> None:
-        k = cfg.kubernetes
         if client is None:
             if creds is None:
                 raise SinkError("no Kubernetes credentials")
-            client = KubeClient.from_credentials(creds, k.request_timeout_seconds)
+            client = KubeClient.from_credentials(
+                creds, k.request_timeout_seconds, k.connect_timeout_seconds
+            )
         self.client = client
-        self.node = cfg.node_name
+        self.node = node
         self.metrics = metrics
         self.clock = clock
         self.backoff = Backoff(1.0, k.backoff_max_seconds, rng)
@@ -93,7 +94,7 @@ class NodeLabelSink:
             k.lease_namespace,
             self.node,
             k.lease_duration_seconds,
-            holder=f"{os.environ.get('POD_NAME') or socket.gethostname()}/{os.getpid()}",
+            holder=f"{k.holder_identity}/{os.getpid()}",
             clock=clock,
         )
         self.fresh: Callable[[], bool] = lambda: True

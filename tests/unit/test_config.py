@@ -1,5 +1,6 @@
 """Configuration: YAML < environment < flags, validated at load, one-line errors."""
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -14,13 +15,16 @@ def write(tmp_path: Path, text: str) -> str:
     return str(p)
 
 
-def test_defaults_match_the_brief() -> None:
+def test_defaults_match_the_brief(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket, "gethostname", lambda: "host-a")
     c = load_config(environ={})
     assert c.schedules.telemetry == "*/5 * * * * *" and c.schedules.inventory == "0 */5 * * * *"
     assert c.labels.prefix == "gpudaemon.io/" and c.labels.to == "apiserver"
     assert c.metrics.listen == "0.0.0.0:9445" and c.extender.listen == "0.0.0.0:9446"
     assert c.influxdb.spool_max_bytes == 268435456 and c.simulate is None
-    assert c.node_name  # hostname fallback
+    assert c.node_name == "host-a"  # hostname fallback
+    assert c.kubernetes.holder_identity == "host-a" and c.kubernetes.kubeconfig == ""
+    assert c.kubernetes.in_cluster is False
 
 
 def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
@@ -41,19 +45,52 @@ def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
     assert c.schedules.labels == "*/10 * * * * *"
 
 
-def test_node_name_env_fallback() -> None:
-    assert load_config(environ={}).node_name
-    import os
-
-    os.environ["NODE_NAME"] = "n-7"
-    try:
-        assert load_config(environ={}).node_name == "n-7"
-    finally:
-        del os.environ["NODE_NAME"]
+def test_environment_defaults_come_from_the_injected_environ(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("NODE_NAME", "from-process")  # must not leak in
+    monkeypatch.setattr(socket, "gethostname", lambda: "host-a")
+    assert load_config(environ={}).node_name == "host-a"
+    kc = tmp_path / "kc"
+    kc.write_text("")
+    env = {"NODE_NAME": "n-7", "POD_NAME": "agent-x", "KUBECONFIG": f"/nonexistent:{kc}"}
+    c = load_config(environ=env)
+    assert c.node_name == "n-7"
+    assert c.kubernetes.holder_identity == "agent-x"
+    assert c.kubernetes.kubeconfig == str(kc)  # the first file that exists
+    home = tmp_path / "home"
+    (home / ".kube").mkdir(parents=True)
+    (home / ".kube" / "config").write_text("")
+    c = load_config(environ={"HOME": str(home)})
+    assert c.kubernetes.kubeconfig == str(home / ".kube" / "config")
+    # An explicit file wins; outside a pod there is no in-cluster identity.
+    c = load_config(
+        environ={"HOME": str(home), "KUBERNETES_SERVICE_HOST": "10.0.0.1"},
+        overrides={"kubernetes": {"kubeconfig": "/etc/kc"}},
+    )
+    assert c.kubernetes.kubeconfig == "/etc/kc" and c.kubernetes.in_cluster is False
 
 
 def test_unrelated_gpudaemon_env_vars_are_ignored() -> None:
-    load_config(environ={"GPUDAEMON_TOOLS_DIR": "/x", "GPUDAEMON_TOOLS_BIN": "/y"})
+    plain = load_config(environ={"NODE_NAME": "n"})
+    other = load_config(
+        environ={"NODE_NAME": "n", "GPUDAEMON_TOOLS_DIR": "/x", "GPUDAEMON_TOOLS_BIN": "/y"}
+    )
+    assert other == plain
+
+
+def test_environment_values_are_parsed_like_the_file() -> None:
+    env = {
+        "NODE_NAME": "n",
+        "GPUDAEMON_KUBERNETES__LEASE_DURATION_SECONDS": "50",
+        "GPUDAEMON_EXTENDER__TYPICAL_PODS": '[{"gpus": 2}]',
+        "GPUDAEMON_LOGGING__JSON": "true",
+        "GPUDAEMON_EXTENDER__LISTEN": "[::1]:9446",
+    }
+    c = load_config(environ=env)
+    assert c.kubernetes.lease_duration_seconds == 50
+    assert c.extender.typical_pods[0].gpus == 2
+    assert c.logging.json_ is True and c.extender.listen == "[::1]:9446"
 
 
 def test_token_is_secret_and_read_from_file(tmp_path: Path) -> None:
@@ -78,7 +115,11 @@ def test_token_is_secret_and_read_from_file(tmp_path: Path) -> None:
         ("labelz: {}", {}, "labelz: unknown key"),
         ("labels: {prefx: a/}", {}, "labels.prefx: unknown key"),
         ("labels: {prefix: 'Bad Prefix'}", {}, "labels.prefix"),
-        ("metrics: {listen: 9445}", {}, "metrics.listen: must be HOST:PORT"),
+        ("metrics: {listen: 9445}", {}, "metrics.listen: '9445' has no port"),
+        ("extender: {listen: 'host:99999'}", {}, "extender.listen: 'host:99999': port must"),
+        ("kubernetes: {lease_duration_seconds: true}", {}, "expected a whole number"),
+        ("kubernetes: {lease_duration_seconds: 1.5}", {}, "kubernetes.lease_duration_seconds"),
+        ("", {"GPUDAEMON_EXTENDER__TYPICAL_PODS": "[not json"}, "GPUDAEMON_EXTENDER"),
         ("extender: {policy: random}", {}, "extender.policy"),
         ("influxdb: {spool_max_bytes: -1}", {}, "influxdb.spool_max_bytes"),
         ("logging: {level: LOUD}", {}, "logging.level"),
@@ -104,9 +145,6 @@ def test_missing_config_file() -> None:
 
 
 def test_node_name_from_hostname_is_lower_cased(monkeypatch: pytest.MonkeyPatch) -> None:
-    import socket
-
-    monkeypatch.delenv("NODE_NAME", raising=False)
     monkeypatch.setattr(socket, "gethostname", lambda: "GPU-Node-7")
     assert load_config(environ={}).node_name == "gpu-node-7"
 

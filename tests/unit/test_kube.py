@@ -102,7 +102,15 @@ def make(
     )
     reg = CollectorRegistry()
     fake, clock = FakeClient(), FakeClock()
-    sink = NodeLabelSink(cfg, None, AgentMetrics(reg), client=fake, clock=clock, rng=lambda: 1.0)  # type: ignore[arg-type]
+    sink = NodeLabelSink(
+        cfg.kubernetes,
+        cfg.node_name,
+        None,
+        AgentMetrics(reg),
+        client=fake,  # type: ignore[arg-type]
+        clock=clock,
+        rng=lambda: 1.0,
+    )
     return sink, fake, clock, reg
 
 
