@@ -1,60 +1,74 @@
 """Fragmentation-aware scoring (FGD, Weng et al., USENIX ATC'23), in the whole-GPU view.
 
-A node's fragmentation for a workload is the frequency-weighted number of its free
-healthy GPUs that the workload's typical pods could not use there:
+A node's fragmentation is the weighted number of its free healthy GPUs that the
+workload's typical pods could not use there:
 
     frag(node) = sum over typical shapes s of  w_s * unusable_s(node)
-    unusable_s = free                                  if s's GPU model does not fit
-               = free - k_s * copies_s                 otherwise, where
+    unusable_s = free                          if s's GPU model constraint excludes the node
+               = free - k_s * copies_s         otherwise, where
       copies_s = min(free // k_s, cpu_free // cpu_s, mem_free // mem_s)
 
-that is, the GPUs left over once as many copies of s as the node's GPUs, CPU and memory
-allow have been packed (too few GPUs, too little CPU or memory, or the wrong model all
-strand GPUs). Shapes asking for no GPU cannot use GPUs at all and are left out.
+i.e. the GPUs left over once as many copies of s as the node's GPUs, CPU and memory
+allow are packed: too few GPUs, too little CPU or memory, or the wrong model all strand
+GPUs. Shapes asking for no GPU cannot use GPUs and are left out.
 
-    raw = -(frag(node after) - frag(node before)) + tie_break,   0 <= tie_break < 1
+    w_s = n_s * k_s / share_s
 
-Weights are integers (window counts), so every fragmentation difference is an integer
-and the tie-break (bin-packing: fewer free GPUs left, then less CPU left) can only order
-placements that fragment equally; it never overrides a strictly smaller increase.
+n_s * k_s is the shape's GPU demand (its count in the window times its GPUs: a rare
+8-GPU shape is as much arriving work as eight times as many 1-GPU pods, and as costly
+to strand). share_s is the fraction of the cluster's GPUs on nodes whose *allocatable*
+resources and model could ever host s: a shape only a few nodes can take (an 8-GPU pod
+wanting 120 cores, a pod pinned to one GPU model) gets those nodes protected in
+proportion to how few they are. This is the one addition to FGD's popularity weight; it
+uses static capacities only (no cluster-wide free-state bookkeeping).
+
+    raw = -(frag(node after) - frag(node before)) + tie_break,   0 < tie_break < 1
+
+Weights are integers, so every fragmentation difference is a whole number and the
+tie-break (bin-packing: fewer free GPUs left; then more CPU used and busier GPUs) only
+orders placements that fragment equally: it never overrides a strictly smaller increase.
 
 Cost: fragmentation depends only on (model, free GPUs, free CPU, free memory), so it is
-memoized on that key per workload version; scoring 5,000 nodes touches the shapes only
-for states not seen before, and the workload's version changes only when its typical set
-is refreshed (every `refresh_every` observations), not on every pod.
+memoized on that key per table version; a request touches the shapes only for node
+states not seen before. The tables change only when the typical set is refreshed (every
+`refresh_every` GPU pods) or a node with new capacities appears, and such changes take
+effect at the next `observe` (the start of a filter call), so one request scores
+against one table.
 """
 
 from __future__ import annotations
 
-import math
 import threading
-from collections import Counter, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter, OrderedDict, deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpudaemon.extender.policies.base import utilization
 from gpudaemon.extender.state import NodeState, PodShape
 
 NodeKey = tuple[str, int, int, int]  # (gpu model, free GPUs, free CPU milli, free bytes)
+Capacity = tuple[str, int, int, int]  # (gpu model, allocatable GPUs, CPU milli, bytes)
 _UNFIT = -1e18  # a node that cannot host the pod (the filter removes it anyway)
 _MEMO_LIMIT = 200_000  # distinct node states memoized before the memo starts over
+_SCALE = 1000  # share_s in thousandths: weights stay integers
 
 
 @dataclass(frozen=True, slots=True)
 class TypicalPod:
-    """One typical shape and its integer weight (how often it arrives)."""
+    """One typical shape and its integer demand weight (pods x GPUs)."""
 
     shape: PodShape
     weight: int
 
 
 class Workload:
-    """The typical pods: learned from the pods the extender sees, or fixed by config.
+    """The typical pods: learned from the GPU pods the extender sees, or fixed by config.
 
     Learned: the last `window` GPU pods' shapes are counted; every `refresh_every`
-    observations the `max_shapes` most frequent become the typical set and `version`
-    moves on (which invalidates scores memoized against the old set). Fixed: the set is
-    given and `observe` only counts.
+    observations (sooner while the window fills) the `max_shapes` shapes with the most
+    GPU demand become the typical set and `version` moves on. Fixed: the set is given
+    and never changes.
     """
 
     def __init__(
@@ -79,53 +93,13 @@ class Workload:
         self.version = 0
         self._typical: tuple[TypicalPod, ...] = ()
         if fixed is not None:
-            bad = [t for t in fixed if t.weight < 1 or t.shape.gpus < 1]
-            if bad:
-                raise ValueError("typical pods need weight >= 1 and gpus >= 1")
+            if not fixed or any(t.weight < 1 or t.shape.gpus < 1 for t in fixed):
+                raise ValueError("typical pods: at least one, each with weight >= 1, gpus >= 1")
             self._typical = tuple(sorted(fixed, key=lambda t: -t.weight))
             self.version = 1
 
-    @classmethod
-    def from_config(cls, items: Iterable[Mapping[str, Any]]) -> Workload:
-        """A fixed workload from config entries: {gpus, cpu, memory, gpu_models, weight}.
-        cpu and memory are Kubernetes quantities; bad entries raise ValueError (one line)."""
-        from gpudaemon.extender.podspec import quantity
-
-        out: list[TypicalPod] = []
-        for i, item in enumerate(items):
-            try:
-                gpus = item["gpus"]
-                weight = item.get("weight", 1)
-                if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
-                    raise ValueError(f"gpus must be an integer >= 1, got {gpus!r}")
-                if not isinstance(weight, int) or isinstance(weight, bool) or weight < 1:
-                    raise ValueError(f"weight must be an integer >= 1, got {weight!r}")
-                models = item.get("gpu_models")
-                if models is not None and (
-                    not isinstance(models, list) or not all(isinstance(m, str) for m in models)
-                ):
-                    raise ValueError("gpu_models must be a list of product label values")
-                unknown = set(item) - {"gpus", "cpu", "memory", "gpu_models", "weight"}
-                if unknown:
-                    raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}")
-                shape = PodShape(
-                    gpus=gpus,
-                    cpu_milli=math.ceil(round(quantity(item.get("cpu", 0)) * 1000, 6)),
-                    memory_bytes=math.ceil(quantity(item.get("memory", 0))),
-                    gpu_models=None if models is None else frozenset(models),
-                )
-            except KeyError as e:
-                raise ValueError(f"typical_pods[{i}]: missing {e.args[0]!r}") from None
-            except (ValueError, TypeError, AttributeError) as e:
-                raise ValueError(f"typical_pods[{i}]: {e}") from None
-            out.append(TypicalPod(shape, weight))
-        if not out:
-            raise ValueError("typical_pods: give at least one entry")
-        return cls(fixed=out)
-
     def observe(self, shape: PodShape) -> None:
-        """Count one arriving pod (from filter or prioritize; once per pod is the caller's
-        job). Pods asking for no GPU are ignored: they cannot use GPUs anyway."""
+        """Count one arriving pod. Pods asking for no GPU are ignored."""
         if shape.gpus < 1:
             return
         with self._lock:
@@ -140,14 +114,14 @@ class Workload:
                 if self._counts[old] <= 0:
                     del self._counts[old]
             self._since_refresh += 1
-            # Refresh early while the window is filling, so a cold extender learns fast.
+            # Refresh early while the window fills, so a cold extender learns fast.
             if self._since_refresh >= min(self.refresh_every, max(1, len(self._recent) // 4)):
                 self._refresh_locked()
 
     def _refresh_locked(self) -> None:
         self._since_refresh = 0
-        top = self._counts.most_common(self.max_shapes)
-        typical = tuple(TypicalPod(s, n) for s, n in top)
+        top = sorted(self._counts.items(), key=lambda sn: -sn[1] * sn[0].gpus)
+        typical = tuple(TypicalPod(s, n * s.gpus) for s, n in top[: self.max_shapes])
         if typical != self._typical:
             self._typical = typical
             self.version += 1
@@ -158,15 +132,36 @@ class Workload:
             return self.version, self._typical
 
 
-class _Tables:
-    """The typical set, arranged for one fragmentation evaluation per node state."""
+def _fits(shape: PodShape, cap: Capacity) -> bool:
+    model, gpus, cpu, mem = cap
+    return (
+        shape.gpus <= gpus
+        and shape.cpu_milli <= cpu
+        and shape.memory_bytes <= mem
+        and shape.fits_model(model)
+    )
 
-    def __init__(self, typical: Sequence[TypicalPod]) -> None:
-        self.typical = tuple(typical)
+
+class _Tables:
+    """The weighted typical set, arranged for one fragmentation evaluation per state."""
+
+    def __init__(self, typical: Sequence[TypicalPod], capacity: Counter[Capacity]) -> None:
+        total = sum(cap[1] * n for cap, n in capacity.items())
+        weighted: list[TypicalPod] = []
+        for t in typical:
+            if total:
+                able = sum(cap[1] * n for cap, n in capacity.items() if _fits(t.shape, cap))
+                if able == 0:
+                    continue  # no node can ever host it: nothing to protect
+                share = max(1, round(_SCALE * able / total))
+            else:
+                share = _SCALE  # no nodes known yet: plain demand weights
+            weighted.append(TypicalPod(t.shape, max(1, round(t.weight * _SCALE / share))))
+        self.typical = tuple(weighted)
         self._by_model: dict[str, tuple[int, tuple[tuple[int, int, int, int], ...]]] = {}
 
     def for_model(self, model: str) -> tuple[int, tuple[tuple[int, int, int, int], ...]]:
-        """(weight of shapes that cannot run on `model`, (k, cpu, mem, w) of those that can)."""
+        """(weight of shapes that cannot run on `model`, (k, cpu, mem, w) of the rest)."""
         got = self._by_model.get(model)
         if got is None:
             never = 0
@@ -189,10 +184,10 @@ class _Tables:
         total = never * free
         for k, c, m, w in fit:
             copies = free // k
-            if c > 0:
-                copies = min(copies, cpu // c)
-            if m > 0:
-                copies = min(copies, mem // m)
+            if c > 0 and cpu // c < copies:
+                copies = cpu // c
+            if m > 0 and mem // m < copies:
+                copies = mem // m
             total += w * (free - k * copies)
         return total
 
@@ -201,41 +196,90 @@ def node_key(node: NodeState) -> NodeKey:
     return (node.gpu_model, node.gpus_free, node.cpu_free_milli, node.memory_free_bytes)
 
 
+def _capacity(node: NodeState) -> Capacity:
+    return (
+        node.gpu_model,
+        node.gpus_allocatable,
+        node.cpu_allocatable_milli,
+        node.memory_allocatable_bytes,
+    )
+
+
 class Fragmentation:
     """FGD-style policy: the placement that fragments the node least scores highest."""
 
     name = "fragmentation"
 
-    def __init__(self, workload: Workload | None = None) -> None:
+    def __init__(self, workload: Workload | None = None, utilization_weight: float = 0.5) -> None:
         self.workload = workload if workload is not None else Workload()
+        self.utilization_weight = min(1.0, max(0.0, utilization_weight))
         self._lock = threading.Lock()
-        self._version = -1
-        self._tables = _Tables(())
+        self._version: tuple[int, int] = (-1, -1)
+        self._tables = _Tables((), Counter())
         self._memo: dict[NodeKey, int] = {}
+        # Static capacities of the nodes seen, for each shape's share of the cluster.
+        self._nodes: dict[str, Capacity] = {}
+        self._capacity: Counter[Capacity] = Counter()
+        self._capacity_version = 0
+        self._capacity_applied = 0
+        self._applied: Counter[Capacity] = Counter()  # what the tables use
+        self._seen_pods: OrderedDict[str, None] = OrderedDict()
+
+    # -- learning ---------------------------------------------------------------------
+
+    def observe(self, uid: str, shape: PodShape) -> None:
+        """A pod arrived (filter call). Counted once per UID: the scheduler retries an
+        unschedulable pod, and a retry is not a new arrival. Also the point where new
+        node capacities seen by earlier scoring take effect."""
+        with self._lock:
+            if self._capacity_applied != self._capacity_version:
+                self._capacity_applied = self._capacity_version
+                self._applied = Counter(self._capacity)
+            if uid:
+                if uid in self._seen_pods:
+                    return
+                self._seen_pods[uid] = None
+                if len(self._seen_pods) > 4 * self.workload.window:
+                    self._seen_pods.popitem(last=False)
+        self.workload.observe(shape)
+
+    def _note_node(self, node: NodeState) -> None:
+        cap = _capacity(node)
+        old = self._nodes.get(node.name)
+        if old == cap:
+            return
+        with self._lock:
+            old = self._nodes.get(node.name)
+            if old == cap:
+                return
+            if old is not None:
+                self._capacity[old] -= 1
+                if self._capacity[old] <= 0:
+                    del self._capacity[old]
+            self._nodes[node.name] = cap
+            self._capacity[cap] += 1
+            self._capacity_version += 1
+
+    # -- scoring ----------------------------------------------------------------------
 
     def _current(self) -> tuple[_Tables, dict[NodeKey, int]]:
-        version, typical = self.workload.typical()
+        wversion, typical = self.workload.typical()
         with self._lock:
+            version = (wversion, self._capacity_applied)
             if version != self._version or len(self._memo) > _MEMO_LIMIT:
                 self._version = version
-                self._tables = _Tables(typical)
+                self._tables = _Tables(typical, self._applied)
                 self._memo = {}
             return self._tables, self._memo
 
     def fragmentation(self, node: NodeState) -> int:
-        """The node's fragmentation under the current typical set (integer weights)."""
+        """The node's fragmentation under the current tables."""
+        self._note_node(node)
         tables, memo = self._current()
-        return self._frag(tables, memo, node_key(node))
-
-    @staticmethod
-    def _frag(tables: _Tables, memo: dict[NodeKey, int], key: NodeKey) -> int:
-        v = memo.get(key)
-        if v is None:
-            # A race between two threads computes the same value twice; both are right.
-            v = memo[key] = tables.fragmentation(key)
-        return v
+        return _frag(tables, memo, node_key(node))
 
     def raw_score(self, node: NodeState, pod: PodShape) -> float:
+        self._note_node(node)
         if not node.can_host(pod):
             return _UNFIT
         tables, memo = self._current()
@@ -246,20 +290,52 @@ class Fragmentation:
             before[2] - pod.cpu_milli,
             before[3] - pod.memory_bytes,
         )
-        increase = self._frag(tables, memo, after) - self._frag(tables, memo, before)
-        return -float(increase) + tie_break(node, pod)
+        increase = _frag(tables, memo, after) - _frag(tables, memo, before)
+        return -float(increase) + tie_break(node, pod, self.utilization_weight)
 
     def raw_scores(self, nodes: Iterable[NodeState], pod: PodShape) -> list[float]:
-        """Several nodes for one pod, reading the workload once."""
         return [self.raw_score(n, pod) for n in nodes]
 
 
-def tie_break(node: NodeState, pod: PodShape) -> float:
-    """In [0, 0.99): fewer free GPUs left first (bin-packing), then less CPU left."""
+def _frag(tables: _Tables, memo: dict[NodeKey, int], key: NodeKey) -> int:
+    v = memo.get(key)
+    if v is None:
+        # Two threads may compute the same value at once; both are right.
+        v = memo[key] = tables.fragmentation(key)
+    return v
+
+
+def tie_break(node: NodeState, pod: PodShape, utilization_weight: float = 0.5) -> float:
+    """In (0, 0.9]: fewer free GPUs left first (bin-packing); among nodes left with equal
+    free GPUs, more of the CPU used, then busier GPUs.
+
+    The GPU term drops by 0.6/((1+f)(2+f)) from f to f+1 free GPUs left; the second
+    term stays below that step, so it never reorders different free-GPU counts.
+    """
     free_after = max(0, node.gpus_free - pod.gpus)
-    gpus = 0.9 / (1 + free_after)  # (0, 0.9]; 1 free GPU more always costs > 0.09
-    cpu_alloc = node.cpu_allocatable_milli
+    step = 0.6 / ((1 + free_after) * (2 + free_after))
     cpu_used = 0.0
-    if cpu_alloc > 0:
-        cpu_used = min(1.0, (node.cpu_requested_milli + pod.cpu_milli) / cpu_alloc)
-    return gpus + 0.09 * cpu_used * (gpus / 0.9) * 0.999  # scaled below the next GPU step
+    if node.cpu_allocatable_milli > 0:
+        used = node.cpu_requested_milli + pod.cpu_milli
+        cpu_used = min(1.0, max(0.0, used / node.cpu_allocatable_milli))
+    second = (cpu_used + utilization_weight * utilization(node)) / (1 + utilization_weight)
+    return 0.6 / (1 + free_after) + 0.999 * step * second
+
+
+def make_fragmentation(ext: Any, utilization_weight: float = 0.5) -> Fragmentation:
+    """The policy from `ExtenderConfig`: learned over `workload_window` GPU pods, or the
+    fixed `typical_pods` (weight = relative frequency of that shape among GPU pods)."""
+    entries = list(getattr(ext, "typical_pods", []) or [])
+    window = int(getattr(ext, "workload_window", 2000))
+    if not entries:
+        return Fragmentation(Workload(window=window), utilization_weight)
+    fixed = []
+    for e in entries:
+        shape = PodShape(
+            gpus=int(e.gpus),
+            cpu_milli=int(e.cpu_milli),
+            memory_bytes=int(e.memory_mib) << 20,
+            gpu_models=frozenset(e.gpu_models) if e.gpu_models else None,
+        )
+        fixed.append(TypicalPod(shape, max(1, round(float(e.weight) * _SCALE)) * shape.gpus))
+    return Fragmentation(Workload(window=window, fixed=fixed), utilization_weight)

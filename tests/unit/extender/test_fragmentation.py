@@ -1,0 +1,343 @@
+"""The fragmentation policy: what counts as stranded GPUs, how the workload is learned,
+and the property that a strictly smaller fragmentation increase always scores higher."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpudaemon.config import load_config
+from gpudaemon.extender.policies.fragmentation import (
+    Fragmentation,
+    TypicalPod,
+    Workload,
+    make_fragmentation,
+    tie_break,
+)
+from gpudaemon.extender.state import NodeState, PodShape
+
+GIB = 2**30
+
+
+def node(
+    name: str = "n",
+    model: str = "G2",
+    gpus: int = 8,
+    used: int = 0,
+    cpu: int = 96,
+    cpu_used: int = 0,
+    mem_gib: int = 384,
+    mem_used_gib: int = 0,
+    unhealthy: int = 0,
+) -> NodeState:
+    return NodeState(
+        name=name,
+        gpu_model=model,
+        gpus_allocatable=gpus,
+        gpus_requested=used,
+        gpus_unhealthy=unhealthy,
+        cpu_allocatable_milli=cpu * 1000,
+        cpu_requested_milli=cpu_used * 1000,
+        memory_allocatable_bytes=mem_gib * GIB,
+        memory_requested_bytes=mem_used_gib * GIB,
+    )
+
+
+def shape(gpus: int, cpu: int = 0, mem_gib: int = 0, models: set[str] | None = None) -> PodShape:
+    return PodShape(gpus, cpu * 1000, mem_gib * GIB, None if models is None else frozenset(models))
+
+
+def fixed(*items: tuple[PodShape, int], nodes: list[NodeState] | None = None) -> Fragmentation:
+    """A policy with a fixed workload; `nodes` are the cluster it has seen (for shares)."""
+    policy = Fragmentation(Workload(fixed=[TypicalPod(s, w) for s, w in items]))
+    for n in nodes or []:
+        policy.fragmentation(n)  # the policy learns capacities from the nodes it scores
+    policy.observe("", PodShape(1))  # ... and applies them at the next arrival
+    return policy
+
+
+# -- fragmentation of one node: a table ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("n", "typical", "expected"),
+    [
+        # an empty node serves a 1-GPU shape fully
+        (node(), [(shape(1, 4, 16), 1)], 0),
+        # 3 free GPUs, 2-GPU pods: one GPU left over
+        (node(used=5), [(shape(2), 1)], 1),
+        # 8 free GPUs but CPU for only 2 copies of a 1-GPU 40-core shape: 6 stranded
+        (node(), [(shape(1, 40), 1)], 6),
+        # memory strands the same way: 384 GiB / 100 GiB = 3 copies -> 5 stranded
+        (node(), [(shape(1, 0, 100), 1)], 5),
+        # the wrong model strands every free GPU
+        (node(used=6), [(shape(1, models={"V100M32"}), 1)], 2),
+        # the right model strands none
+        (node(model="V100M32", used=6), [(shape(1, models={"V100M32"}), 1)], 0),
+        # too few GPUs for an 8-GPU shape: all 4 free are stranded for it
+        (node(used=4), [(shape(8), 1)], 4),
+        # weights add up: 4 stranded for the 8-GPU shape x 3, none for the 1-GPU one
+        (node(used=4), [(shape(8), 3), (shape(1), 5)], 12),
+        # nothing free, nothing stranded
+        (node(used=8), [(shape(8), 1)], 0),
+        # unhealthy GPUs are not free GPUs
+        (node(unhealthy=4), [(shape(8), 1)], 4),
+    ],
+)
+def test_fragmentation_counts_free_gpus_typical_pods_cannot_use(
+    n: NodeState, typical: list[tuple[PodShape, int]], expected: int
+) -> None:
+    assert fixed(*typical).fragmentation(n) == expected
+
+
+# -- placement scores: tables of "which node wins" --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("why", "typical", "pod", "better", "worse"),
+    [
+        (
+            "a 1-GPU pod goes to a broken node, keeping a whole one for 8-GPU pods",
+            [(shape(8), 1), (shape(1), 1)],
+            shape(1),
+            node(used=5),
+            node(),
+        ),
+        (
+            "a pod goes where its CPU does not strand the GPUs left behind",
+            [(shape(1, 12), 1)],
+            shape(1, 24),
+            node(cpu=200),  # 7 GPUs, 176 cores left: still 7 copies
+            node(cpu=96),  # 7 GPUs, 72 cores left: 6 copies, 1 GPU stranded
+        ),
+        (
+            "an unconstrained pod stays off the only model a pinned shape can use",
+            [(shape(1, models={"V100M32"}), 1)],
+            shape(1),
+            node(model="T4", gpus=2),
+            node(model="V100M32", gpus=2),
+        ),
+        (
+            "equal fragmentation: bin-packing decides (fewer free GPUs left)",
+            [(shape(1), 1)],
+            shape(1),
+            node(used=6),
+            node(used=2),
+        ),
+        (
+            "equal fragmentation and free GPUs: more of the CPU used wins",
+            [(shape(1), 1)],
+            shape(1),
+            node(used=6, cpu_used=60),
+            node(used=6, cpu_used=10),
+        ),
+    ],
+)
+def test_placement_order(
+    why: str,
+    typical: list[tuple[PodShape, int]],
+    pod: PodShape,
+    better: NodeState,
+    worse: NodeState,
+) -> None:
+    policy = fixed(*typical)
+    assert policy.raw_score(better, pod) > policy.raw_score(worse, pod), why
+
+
+def test_a_node_that_cannot_host_the_pod_scores_below_every_one_that_can() -> None:
+    policy = fixed((shape(1), 1))
+    full = policy.raw_score(node(used=8), shape(1))
+    assert full < policy.raw_score(node(used=0, cpu=1, cpu_used=0), shape(1)) - 1e6
+    wrong_model = policy.raw_score(node(model="T4"), shape(1, models={"G2"}))
+    assert wrong_model == full
+
+
+def test_shapes_few_nodes_can_host_weigh_more() -> None:
+    """An 8-GPU 120-core shape fits only the 128-core node class: those nodes are
+    protected from a 4-GPU pod that also fits the 96-core class."""
+    big = node("big", cpu=128, mem_gib=768)
+    small = node("small", cpu=96, mem_gib=384)
+    cluster = [node(f"s{i}", cpu=96, mem_gib=384) for i in range(9)] + [big]
+    typical = [(shape(8, 120, 600), 1), (shape(4, 60, 300), 4)]
+    pod = shape(4, 60, 300)
+    share_aware = fixed(*typical, nodes=cluster)
+    assert share_aware.raw_score(small, pod) > share_aware.raw_score(big, pod)
+    # The 8-GPU shape fits 8 of the cluster's 80 GPUs: its weight is multiplied by 10.
+    stranded_on_big = node("big", cpu=128, mem_gib=768, used=4)
+    assert fixed((shape(8, 120, 600), 1), nodes=cluster).fragmentation(stranded_on_big) == 40
+
+
+def test_a_shape_no_node_can_ever_host_is_ignored() -> None:
+    policy = fixed((shape(16), 100), (shape(1), 1), nodes=[node("a"), node("b")])
+    # only the 1-GPU shape counts: an 8-free node strands nothing for it
+    assert policy.fragmentation(node("a")) == 0
+
+
+# -- the workload: learned online, or fixed ------------------------------------------------
+
+
+def test_workload_learns_shapes_weighted_by_gpu_demand() -> None:
+    w = Workload(window=100, refresh_every=1)
+    for _ in range(8):
+        w.observe(shape(1))
+    w.observe(shape(8))
+    w.observe(shape(0, 4))  # asks for no GPU: cannot use GPUs, not counted
+    _, typical = w.typical()
+    assert [(t.shape.gpus, t.weight) for t in typical] == [(1, 8), (8, 8)]
+
+
+def test_workload_window_forgets_old_pods() -> None:
+    w = Workload(window=3, refresh_every=1)
+    for g in (8, 1, 1, 1):
+        w.observe(shape(g))
+    _, typical = w.typical()
+    assert [(t.shape.gpus, t.weight) for t in typical] == [(1, 3)]
+
+
+def test_workload_keeps_the_shapes_with_most_gpu_demand() -> None:
+    w = Workload(window=100, max_shapes=2, refresh_every=1)
+    for s, n in ((shape(1, 1), 5), (shape(1, 2), 3), (shape(4), 2)):
+        for _ in range(n):
+            w.observe(s)
+    _, typical = w.typical()
+    assert [t.shape for t in typical] == [shape(4), shape(1, 1)]
+
+
+def test_version_moves_only_when_the_typical_set_changes() -> None:
+    w = Workload(window=1000, refresh_every=10)
+    for _ in range(40):
+        w.observe(shape(1))
+    v = w.version
+    for _ in range(100):
+        w.observe(shape(1))
+    # counts change, so the set is re-weighted at each refresh, but not on every pod
+    assert w.version - v <= 10
+
+
+def test_fixed_workload_ignores_observed_pods() -> None:
+    w = Workload(fixed=[TypicalPod(shape(2), 1)])
+    for _ in range(10):
+        w.observe(shape(1))
+    assert w.typical() == (1, (TypicalPod(shape(2), 1),))
+    assert w.observed == 10
+
+
+@pytest.mark.parametrize("bad", [[], [TypicalPod(shape(0), 1)], [TypicalPod(shape(1), 0)]])
+def test_fixed_workload_rejects_empty_or_bad_entries(bad: list[TypicalPod]) -> None:
+    with pytest.raises(ValueError):
+        Workload(fixed=bad)
+
+
+def test_a_retried_pod_is_one_arrival() -> None:
+    policy = Fragmentation(Workload(refresh_every=1))
+    for _ in range(5):
+        policy.observe("uid-1", shape(8))
+    policy.observe("uid-2", shape(1))
+    _, typical = policy.workload.typical()
+    assert sorted((t.shape.gpus, t.weight) for t in typical) == [(1, 1), (8, 8)]
+
+
+def test_new_capacities_apply_at_the_next_arrival_not_mid_request() -> None:
+    policy = fixed((shape(8, 120), 1), (shape(1), 1))
+    big = node("big", cpu=128)
+    policy.raw_score(node("small"), shape(1))
+    before = policy.raw_score(big, shape(1))
+    assert policy.raw_score(big, shape(1)) == before  # same request, same tables
+    policy.observe("next", shape(1))
+    assert policy.raw_score(big, shape(1)) != before  # the big node's class is rare now
+
+
+def test_make_fragmentation_from_config() -> None:
+    cfg = load_config(
+        None,
+        environ={},
+        overrides={
+            "extender": {
+                "policy": "fragmentation",
+                "typical_pods": [
+                    {"gpus": 8, "cpu_milli": 64000, "memory_mib": 262144, "weight": 0.1},
+                    {"gpus": 1, "cpu_milli": 8000, "gpu_models": ["V100M32"], "weight": 0.9},
+                ],
+            }
+        },
+    )
+    policy = make_fragmentation(cfg.extender)
+    assert policy.workload.fixed
+    _, typical = policy.workload.typical()
+    assert {(t.shape.gpus, t.shape.gpu_models, t.weight) for t in typical} == {
+        (8, None, 800),
+        (1, frozenset({"V100M32"}), 900),
+    }
+    learned = make_fragmentation(load_config(None, environ={}, overrides={}).extender)
+    assert not learned.workload.fixed and learned.workload.window == 2000
+
+
+def test_memoized_scores_equal_fresh_ones() -> None:
+    typical = [(shape(8, 64, 256), 3), (shape(1, 12, 48), 20), (shape(2, 16, 64), 2)]
+    warm = fixed(*typical)
+    states = [node(used=u, cpu_used=c) for u in range(9) for c in (0, 30, 90)]
+    first = [warm.raw_score(n, shape(1, 12, 48)) for n in states]
+    again = [warm.raw_score(n, shape(1, 12, 48)) for n in states]
+    cold = [fixed(*typical).raw_score(n, shape(1, 12, 48)) for n in states]
+    assert first == again == cold
+
+
+# -- the property --------------------------------------------------------------------------
+
+models = st.sampled_from(["A", "B"])
+shapes = st.builds(
+    PodShape,
+    gpus=st.integers(1, 8),
+    cpu_milli=st.integers(0, 64).map(lambda c: c * 1000),
+    memory_bytes=st.integers(0, 256).map(lambda g: g * GIB),
+    gpu_models=st.one_of(st.none(), st.sets(models, min_size=1).map(frozenset)),
+)
+
+
+@st.composite
+def nodes(draw: st.DrawFn, name: str) -> NodeState:
+    gpus = draw(st.sampled_from([1, 2, 4, 8]))
+    cpu = draw(st.sampled_from([16, 64, 96, 128]))
+    mem = draw(st.sampled_from([64, 256, 384, 768]))
+    return node(
+        name,
+        model=draw(models),
+        gpus=gpus,
+        used=draw(st.integers(0, gpus)),
+        cpu=cpu,
+        cpu_used=draw(st.integers(0, cpu)),
+        mem_gib=mem,
+        mem_used_gib=draw(st.integers(0, mem)),
+        unhealthy=draw(st.integers(0, 1)),
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    typical=st.lists(st.tuples(shapes, st.integers(1, 50)), min_size=1, max_size=6),
+    pod=shapes,
+    a=nodes("a"),
+    b=nodes("b"),
+    cluster=st.lists(nodes("c"), max_size=4),
+)
+def test_no_placement_scores_above_one_that_fragments_strictly_less(
+    typical: list[tuple[PodShape, int]],
+    pod: PodShape,
+    a: NodeState,
+    b: NodeState,
+    cluster: list[NodeState],
+) -> None:
+    policy = fixed(*typical, nodes=[a, b, *cluster])
+
+    def increase(n: NodeState) -> int:
+        return policy.fragmentation(n.with_placed(pod)) - policy.fragmentation(n)
+
+    for x, y in ((a, b), (b, a)):
+        if x.can_host(pod) and y.can_host(pod) and increase(x) < increase(y):
+            assert policy.raw_score(x, pod) > policy.raw_score(y, pod)
+    for n in (a, b):
+        if n.can_host(pod):
+            assert 0 < tie_break(n, pod) < 1
+        else:
+            assert policy.raw_score(n, pod) < -1e17
