@@ -22,6 +22,7 @@ from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.extender.informer import ListWatchClient, Reflector
 from gpudaemon.extender.metrics import CacheCollector
 from gpudaemon.extender.policies import BinPack, Policy, Spread
+from gpudaemon.extender.policies.fragmentation import Fragmentation, make_fragmentation
 from gpudaemon.httpserver import HttpServer
 from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import KubeClient, find_credentials
@@ -33,15 +34,11 @@ POD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 
 def make_policies(cfg: Config) -> dict[str, Policy]:
     w = cfg.extender.utilization_weight
-    policies: dict[str, Policy] = {"binpack": BinPack(w), "spread": Spread(w)}
-    try:
-        from gpudaemon.extender.policies.fragmentation import (  # type: ignore[import-not-found,unused-ignore]
-            make_fragmentation,
-        )
-    except ImportError:  # pragma: no cover - the policy module is optional in this wiring
-        return policies
-    policies["fragmentation"] = make_fragmentation(cfg.extender, utilization_weight=w)
-    return policies
+    return {
+        "binpack": BinPack(w),
+        "spread": Spread(w),
+        "fragmentation": make_fragmentation(cfg.extender, utilization_weight=w),
+    }
 
 
 class Extender:
@@ -80,7 +77,9 @@ class Extender:
         self.policies = make_policies(cfg)
         if ext.policy not in self.policies:
             raise ConfigError(f"extender.policy: {ext.policy!r} is not available")
-        observe = getattr(self.policies.get("fragmentation"), "observe", None)
+        # The fragmentation policy learns the workload from the pods /filter sees.
+        frag = self.policies["fragmentation"]
+        observe = frag.observe if isinstance(frag, Fragmentation) else None
         self.api = ExtenderApi(
             self.cluster,
             self.policies,
