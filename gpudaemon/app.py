@@ -16,6 +16,7 @@ from gpudaemon.backends import Backend, make_backend
 from gpudaemon.cache import Cache
 from gpudaemon.config import Config
 from gpudaemon.errors import GpudaemonError, NvmlUnavailableError
+from gpudaemon.healthlog import HealthLog
 from gpudaemon.labels import LabelSet, NodeLabeler
 from gpudaemon.labels.outputs import FileSink, NfdSink, NullSink, StdoutSink
 from gpudaemon.logsetup import LogLimiter
@@ -107,6 +108,7 @@ class Agent:
         self.backend = backend or make_backend(cfg.simulate, seed=cfg.simulate_seed)
         self.metrics.set_build(self.backend.name)
         self.cache = Cache(clock)
+        self.health_log = HealthLog()  # one line when a GPU fault starts, one when it ends
         self.labeler = NodeLabeler(cfg.labels.prefix)
         self.label_sink = label_sink or make_label_sink(cfg, self.metrics)
         self.label_sink.set_freshness(lambda: self.readiness()[0])
@@ -182,7 +184,7 @@ class Agent:
     def _telemetry(self) -> None:
         if self.cache.get().inventory is None:
             self.cache.put_inventory(self.backend.inventory())
-        self.cache.put_samples(self.backend.sample())
+        self.health_log.observe(self.cache.put_samples(self.backend.sample()).samples)
 
     def _labels(self) -> None:
         snap = self.cache.get()

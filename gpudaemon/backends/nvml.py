@@ -351,7 +351,8 @@ class NvmlBackend:
     def _mark_lost(self, i: int) -> None:
         if i not in self._lost:
             self._lost.add(i)
-            logger.error("GPU {} is lost (fell off the bus); other GPUs carry on", i)
+            # The ERROR line is healthlog's (one per episode, for every backend).
+            logger.debug("GPU {} is lost (fell off the bus); other GPUs carry on", i)
 
     def _xid_loop(self) -> None:
         n = self._nvml
@@ -389,8 +390,8 @@ class NvmlBackend:
             counts[xid] = counts.get(xid, 0) + 1
             if is_critical_xid(xid):
                 self._first_critical_xid.setdefault(index, xid)
-        level = "ERROR" if is_critical_xid(xid) else "WARNING"
-        logger.log(level, "GPU {}: XID {} reported by the driver", index, xid)
+        # Per event at DEBUG: healthlog writes one line per burst from the counters.
+        logger.debug("GPU {}: XID {} reported by the driver", index, xid)
 
     def _xid_counts(self, index: int) -> dict[int, int]:
         with self._xid_lock:
