@@ -159,9 +159,11 @@ class _Tables:
             weighted.append(TypicalPod(t.shape, max(1, round(t.weight * _SCALE / share))))
         self.typical = tuple(weighted)
         self._by_model: dict[str, tuple[int, tuple[tuple[int, int, int, int], ...]]] = {}
+        self._suffix: dict[str, list[int]] = {}  # weight of fit[i:], per model
 
     def for_model(self, model: str) -> tuple[int, tuple[tuple[int, int, int, int], ...]]:
-        """(weight of shapes that cannot run on `model`, (k, cpu, mem, w) of the rest)."""
+        """(weight of shapes that cannot run on `model`, (k, cpu, mem, w) of the rest,
+        fewest GPUs first)."""
         got = self._by_model.get(model)
         if got is None:
             never = 0
@@ -172,8 +174,10 @@ class _Tables:
                     fit.append((s.gpus, s.cpu_milli, s.memory_bytes, t.weight))
                 else:
                     never += t.weight
+            fit.sort(key=lambda f: f[0])
             got = (never, tuple(fit))
             self._by_model[model] = got
+            self._suffix[model] = [sum(f[3] for f in fit[i:]) for i in range(len(fit))]
         return got
 
     def fragmentation(self, key: NodeKey) -> int:
@@ -182,11 +186,14 @@ class _Tables:
             return 0
         never, fit = self.for_model(model)
         total = never * free
-        for k, c, m, w in fit:
+        for i, (k, c, m, w) in enumerate(fit):
+            if k > free:  # this and every later shape: all free GPUs stranded
+                total += free * self._suffix[model][i]
+                break
             copies = free // k
-            if c > 0 and cpu // c < copies:
+            if c and cpu < copies * c:
                 copies = cpu // c
-            if m > 0 and mem // m < copies:
+            if m and mem < copies * m:
                 copies = mem // m
             total += w * (free - k * copies)
         return total
@@ -215,8 +222,8 @@ class Fragmentation:
         self.utilization_weight = min(1.0, max(0.0, utilization_weight))
         self._lock = threading.Lock()
         self._version: tuple[int, int] = (-1, -1)
-        self._tables = _Tables((), Counter())
-        self._memo: dict[NodeKey, int] = {}
+        # (tables, memo), swapped as one reference: a request reads one consistent pair.
+        self._state: tuple[_Tables, dict[NodeKey, int]] | None = None
         # Static capacities of the nodes seen, for each shape's share of the cluster.
         self._nodes: dict[str, Capacity] = {}
         self._capacity: Counter[Capacity] = Counter()
@@ -228,25 +235,29 @@ class Fragmentation:
     # -- learning ---------------------------------------------------------------------
 
     def observe(self, uid: str, shape: PodShape) -> None:
-        """A pod arrived (filter call). Counted once per UID: the scheduler retries an
-        unschedulable pod, and a retry is not a new arrival. Also the point where new
-        node capacities seen by earlier scoring take effect."""
+        """A pod arrived (the start of a filter call). Counted once per UID: the scheduler
+        retries an unschedulable pod, and a retry is not a new arrival. This is also the
+        one point where a new typical set or new node capacities take effect, so the
+        scoring calls that follow all use the same tables."""
+        new = True
         with self._lock:
             if self._capacity_applied != self._capacity_version:
                 self._capacity_applied = self._capacity_version
                 self._applied = Counter(self._capacity)
             if uid:
                 if uid in self._seen_pods:
-                    return
-                self._seen_pods[uid] = None
-                if len(self._seen_pods) > 4 * self.workload.window:
-                    self._seen_pods.popitem(last=False)
-        self.workload.observe(shape)
+                    new = False
+                else:
+                    self._seen_pods[uid] = None
+                    if len(self._seen_pods) > 4 * self.workload.window:
+                        self._seen_pods.popitem(last=False)
+        if new:
+            self.workload.observe(shape)
+        self._refresh()
 
     def _note_node(self, node: NodeState) -> None:
         cap = _capacity(node)
-        old = self._nodes.get(node.name)
-        if old == cap:
+        if self._nodes.get(node.name) == cap:
             return
         with self._lock:
             old = self._nodes.get(node.name)
@@ -262,27 +273,27 @@ class Fragmentation:
 
     # -- scoring ----------------------------------------------------------------------
 
-    def _current(self) -> tuple[_Tables, dict[NodeKey, int]]:
+    def _refresh(self) -> tuple[_Tables, dict[NodeKey, int]]:
         wversion, typical = self.workload.typical()
         with self._lock:
             version = (wversion, self._capacity_applied)
-            if version != self._version or len(self._memo) > _MEMO_LIMIT:
+            state = self._state
+            if state is None or version != self._version or len(state[1]) > _MEMO_LIMIT:
                 self._version = version
-                self._tables = _Tables(typical, self._applied)
-                self._memo = {}
-            return self._tables, self._memo
+                state = self._state = (_Tables(typical, self._applied), {})
+            return state
 
     def fragmentation(self, node: NodeState) -> int:
         """The node's fragmentation under the current tables."""
         self._note_node(node)
-        tables, memo = self._current()
+        tables, memo = self._state or self._refresh()
         return _frag(tables, memo, node_key(node))
 
     def raw_score(self, node: NodeState, pod: PodShape) -> float:
         self._note_node(node)
         if not node.can_host(pod):
             return _UNFIT
-        tables, memo = self._current()
+        tables, memo = self._state or self._refresh()
         before = node_key(node)
         after = (
             before[0],
@@ -290,8 +301,13 @@ class Fragmentation:
             before[2] - pod.cpu_milli,
             before[3] - pod.memory_bytes,
         )
-        increase = _frag(tables, memo, after) - _frag(tables, memo, before)
-        return -float(increase) + tie_break(node, pod, self.utilization_weight)
+        b = memo.get(before)
+        if b is None:
+            b = memo[before] = tables.fragmentation(before)
+        a = memo.get(after)
+        if a is None:
+            a = memo[after] = tables.fragmentation(after)
+        return float(b - a) + tie_break(node, pod, self.utilization_weight)
 
     def raw_scores(self, nodes: Iterable[NodeState], pod: PodShape) -> list[float]:
         return [self.raw_score(n, pod) for n in nodes]
