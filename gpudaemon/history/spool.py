@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import math
 import os
 import re
 import sqlite3
@@ -160,7 +161,12 @@ class Spool:
         self.path = self.dir / DB_NAME
         self.max_bytes = max_bytes
         self.points = 0
-        self.size_bytes = 0  # line-protocol bytes held, newline included
+        # What the bound counts: the database's pages in use. The WAL gets its own
+        # share of the bound (wal_bytes), so file plus WAL stay within max_bytes.
+        self.size_bytes = 0
+        self.payload_bytes = 0  # line-protocol bytes held, newline included
+        self.wal_bytes = 0
+        self._page_size = 4096
         # Files in the directory the spool does not own, and bad lines found while
         # importing old segments: for the writer to report and count.
         self.foreign: list[str] = []
@@ -229,13 +235,17 @@ class Spool:
             )
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")  # fsync the WAL at every commit
-        # The WAL is checkpointed into the file every 1/16 of the bound (16 pages to
-        # SQLite's default of 1000) and kept at most that size, so the disk use stays
-        # close to the bound (figures: bench/spool in docs/benchmarks.md).
-        page = db.execute("PRAGMA page_size").fetchone()[0]
-        wal_pages = min(1000, max(16, self.max_bytes // 16 // page))
+        # The WAL is checkpointed into the file every 1/16 of the bound (1 page to
+        # SQLite's default of 1000) and truncated to that size, and the database may
+        # use the rest of the bound (figures: bench/spool in docs/benchmarks.md).
+        page = self._page_size = db.execute("PRAGMA page_size").fetchone()[0]
+        wal_pages = min(1000, max(1, self.max_bytes // 16 // page))
         db.execute(f"PRAGMA wal_autocheckpoint={wal_pages}")
         db.execute(f"PRAGMA journal_size_limit={wal_pages * page}")
+        # Its share of the bound: a commit may add one batch's pages (~4) before the
+        # checkpoint runs; each page has a 24-byte frame header, the file one page
+        # (header, rounding). Two more pages: the database file's free page and slack.
+        self.wal_bytes = (wal_pages + 4) * (page + 24) + 3 * page
         for suffix in _COMPANIONS:
             _check_own_file(self.dir / (DB_NAME + suffix))
         with self._transaction():
@@ -254,8 +264,27 @@ class Spool:
             "SELECT count(*), coalesce(sum(length(line)) + count(*), 0), "
             "coalesce(max(id), 0), coalesce(max(batch), 0) FROM points"
         ).fetchone()
-        self.points, self.size_bytes = n, size
+        self.points, self.payload_bytes = n, size
+        self.size_bytes = self._used_bytes()
         self._next_id, self._next_batch = last_id + 1, last_batch + 1
+
+    def _used_bytes(self) -> int:
+        db = self._conn()
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        free = db.execute("PRAGMA freelist_count").fetchone()[0]
+        return int((pages - free) * self._page_size)
+
+    @property
+    def limit_bytes(self) -> int:
+        """What the database's pages in use may reach: the bound less the WAL's share."""
+        return self.max_bytes - self.wal_bytes
+
+    def _bytes_per_payload_byte(self) -> float:
+        """Disk bytes per line-protocol byte: measured on what is held, else a figure
+        from bench/spool (rows of ~500 bytes take ~1.12x on disk), rounded up."""
+        if self.payload_bytes >= 64 << 10:
+            return max(1.0, self.size_bytes / self.payload_bytes)
+        return 1.25
 
     def _import_legacy(self) -> None:
         """Segments of the earlier file format: their valid lines become one batch
@@ -284,7 +313,8 @@ class Spool:
             lines = [line for line in data.split(b"\n") if line]
             good = [line for line in lines if valid_line(line)]
             self.imported_invalid += len(lines) - len(good)
-            while good and sum(len(line) + 1 for line in good) > self.max_bytes:
+            ratio = self._bytes_per_payload_byte()
+            while good and sum(len(line) + 1 for line in good) * ratio > self.limit_bytes:
                 good.pop(0)  # over the bound on its own: the oldest go, as on overflow
                 self.imported_overflow += 1
             if good:
@@ -315,13 +345,16 @@ class Spool:
             return 0
         self._retry_ack()
         size = sum(len(line) + 1 for line in lines)
-        if size > self.max_bytes:
+        ratio = self._bytes_per_payload_byte()
+        if size * ratio > self.limit_bytes:
             return len(lines)
         if self._next_id + len(lines) > _MAX_ID or self._next_batch >= _MAX_ID:
             self._renumber()
         db = self._conn()
-        held = self.size_bytes - self._acked_bytes
-        cut_id, cut_points, cut_bytes = self._oldest_batches_over(held + size - self.max_bytes)
+        # Make room in the same transaction, estimated from the disk bytes per byte;
+        # _trim below settles what the estimate missed.
+        over = self.size_bytes + size * ratio - self.limit_bytes
+        cut_id, cut_points, cut_bytes = self._oldest_batches_over(math.ceil(over / ratio))
         # Rows already sent go too, whenever something is deleted anyway.
         delete_through = cut_id or self._acked_through
         first = self._next_id
@@ -340,12 +373,37 @@ class Spool:
         self._next_id += len(lines)
         self._next_batch += 1
         if delete_through and self._acked_through:
-            self.points -= self._acked_points
-            self.size_bytes -= self._acked_bytes
-            self._acked_through = self._acked_points = self._acked_bytes = 0
+            self._forget_acked()
         self.points += len(lines) - cut_points
-        self.size_bytes += size - cut_bytes
-        return cut_points
+        self.payload_bytes += size - cut_bytes
+        self.size_bytes = self._used_bytes()
+        return cut_points + self._trim()
+
+    def _trim(self) -> int:
+        """Drop oldest batches while the pages in use exceed the limit; returns the
+        points dropped. A failure leaves the spool over its bound until the next
+        append, which tries again."""
+        dropped = 0
+        while self.size_bytes > self.limit_bytes and self.waiting:
+            cut_id, cut_points, cut_bytes = self._oldest_batches_over(1)
+            try:
+                with self._transaction():
+                    self._conn().execute("DELETE FROM points WHERE id <= ?", (cut_id,))
+            except sqlite3.Error:
+                break
+            if self._acked_through:
+                self._forget_acked()
+            self.points -= cut_points
+            self.payload_bytes -= cut_bytes
+            self.size_bytes = self._used_bytes()
+            dropped += cut_points
+        return dropped
+
+    def _forget_acked(self) -> None:
+        """The rows sent earlier have been deleted along with others."""
+        self.points -= self._acked_points
+        self.payload_bytes -= self._acked_bytes
+        self._acked_through = self._acked_points = self._acked_bytes = 0
 
     def _oldest_batches_over(self, need: int) -> tuple[int, int, int]:
         """The last row id, point count and bytes of the fewest oldest whole batches
@@ -432,9 +490,8 @@ class Spool:
             if raise_errors:
                 raise _error(self.path, e, "cannot delete sent points") from None
             return
-        self.points -= self._acked_points
-        self.size_bytes -= self._acked_bytes
-        self._acked_through = self._acked_points = self._acked_bytes = 0
+        self._forget_acked()
+        self.size_bytes = self._used_bytes()
 
     @property
     def waiting(self) -> int:

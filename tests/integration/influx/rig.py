@@ -66,7 +66,7 @@ class Rig:
                     "url": url,
                     "bucket": f"{db}/autogen",
                     "spool_dir": str(tmp / "spool"),
-                    "timeout_ms": 1000,
+                    "timeout_ms": 5000,  # generous: a loaded CI machine is slow
                     "shutdown_flush_seconds": 5,
                     **influx,
                 },

@@ -130,14 +130,16 @@ def test_outage_with_an_agent_restart_in_the_middle_loses_nothing(
 def test_spool_smaller_than_the_outage_drops_the_oldest_and_counts_them(
     influxd: InfluxServer, influx_db: str, tmp_path: Path, logs: io.StringIO
 ) -> None:
-    rig = Rig(tmp_path, influxd.url, influx_db, Clock(), spool_max_bytes=12_000)
+    rig = Rig(tmp_path, influxd.url, influx_db, Clock(), spool_max_bytes=100_000)
     rig.cycle()
     influxd.stop()
-    for _ in range(12):
+    for _ in range(40):
         rig.cycle()
     dropped = rig.metric("gpudaemon_influxdb_points_dropped_total", reason="overflow")
     assert dropped > 0
-    assert rig.writer.spool is not None and rig.writer.spool.size_bytes <= 12_000
+    spool = rig.writer.spool
+    assert spool.size_bytes + spool.wal_bytes <= 100_000
+    assert sum(p.stat().st_size for p in (tmp_path / "spool").iterdir()) <= 100_000
     assert "dropped the" in logs.getvalue() and "oldest points" in logs.getvalue()
     assert rig.agent.readiness()[0]  # the process stays healthy
     influxd.start()

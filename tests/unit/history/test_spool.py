@@ -22,6 +22,10 @@ def line(i: int, pad: int = 0) -> str:
     return f"gpu,gpu=0,node=n x={i}i{',p=' + '1' * pad + 'i' if pad else ''} {1000 + i}"
 
 
+def disk_bytes(d: Path) -> int:
+    return sum(p.stat().st_size for p in d.iterdir() if p.is_file())
+
+
 def drain(spool: Spool, chunk_bytes: int = 1 << 20) -> list[str]:
     out: list[str] = []
     while (chunk := spool.oldest(chunk_bytes)) is not None:
@@ -38,7 +42,7 @@ def test_batches_come_back_oldest_first_in_chunks(tmp_path: Path) -> None:
     first = spool.oldest(60)  # about two lines' worth
     assert first is not None and 1 < len(first.lines) < 20
     assert drain(spool, 60) == [line(i) for i in range(20)]
-    assert spool.points == spool.waiting == spool.size_bytes == 0
+    assert spool.points == spool.waiting == spool.payload_bytes == 0
 
 
 def test_spool_survives_reopen(tmp_path: Path) -> None:
@@ -57,21 +61,23 @@ def test_spool_survives_reopen(tmp_path: Path) -> None:
 def test_overflow_drops_oldest_whole_batches_and_reports_how_many_points(
     tmp_path: Path,
 ) -> None:
-    spool = Spool(tmp_path, max_bytes=1000)
+    bound = 200_000
+    spool = Spool(tmp_path, max_bytes=bound)
     dropped = 0
-    for i in range(30):
-        dropped += spool.append([line(2 * i, pad=20), line(2 * i + 1, pad=20)])
-        assert spool.size_bytes <= 1000
+    for i in range(300):
+        dropped += spool.append([line(2 * i, pad=450), line(2 * i + 1, pad=450)])
+        assert spool.size_bytes <= spool.limit_bytes  # the database's pages in use
+        assert disk_bytes(tmp_path) <= bound  # the files, WAL included
     assert dropped > 0 and dropped % 2 == 0  # whole batches
-    assert dropped + spool.points == 60
+    assert dropped + spool.points == 600
     kept = [int(s.split("x=")[1].split("i")[0]) for s in drain(spool)]
-    assert kept == list(range(60 - len(kept), 60))  # the newest survive, contiguous
+    assert kept == list(range(600 - len(kept), 600))  # the newest survive, contiguous
 
 
 def test_a_batch_larger_than_the_bound_is_not_stored(tmp_path: Path) -> None:
-    spool = Spool(tmp_path, max_bytes=100)
+    spool = Spool(tmp_path, max_bytes=64 << 10)
     spool.append([line(0)])
-    assert spool.append([line(1, pad=200)]) == 1
+    assert spool.append([line(1, pad=60_000)]) == 1
     assert drain(spool) == [line(0)]
 
 
