@@ -164,7 +164,7 @@ class Agent:
             job.run()
         except GpudaemonError as e:
             self.metrics.poll_errors.labels(name).inc()
-            if self._job_log.allow(name):
+            if not e.reported and self._job_log.allow(name):
                 logger.error("{} failed: {}", name, e)
             return False
         except Exception as e:  # a bug must not kill the scheduler thread

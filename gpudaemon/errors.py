@@ -6,7 +6,14 @@ from typing import Literal
 
 
 class GpudaemonError(Exception):
-    """Base for every error we raise on purpose."""
+    """Base for every error we raise on purpose.
+
+    `reported` True: the raiser already logged it (one line when a problem starts, one
+    when it ends, e.g. the Node sink during an outage); the agent's job wrapper then
+    only counts it.
+    """
+
+    reported = False
 
 
 class UsageError(GpudaemonError):

@@ -174,8 +174,11 @@ class KubeClient:
         """Server-side apply as our field manager."""
         return self.request("PATCH", path, dict(body), APPLY_PATCH, APPLY_QUERY)
 
-    def get_node(self, name: str) -> dict[str, Any]:
-        return self.request("GET", f"/api/v1/nodes/{name}")
+    def get_node(self, name: str, cached: bool = False) -> dict[str, Any]:
+        """The Node; `cached` reads the API server's watch cache (resourceVersion=0, no
+        etcd read: what kubelet does every 10 s), for cheap checks such as its UID."""
+        query = {"resourceVersion": "0"} if cached else None
+        return self.request("GET", f"/api/v1/nodes/{name}", query=query)
 
     def apply_node(self, name: str, labels: Mapping[str, str], ann: Mapping[str, str]) -> Any:
         body = {

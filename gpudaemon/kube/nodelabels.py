@@ -4,12 +4,13 @@ vouches for them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from loguru import logger
 
@@ -18,6 +19,7 @@ from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import FIELD_MANAGER, Credentials, KubeClient
 from gpudaemon.kube.lease import LeaseRenewer, renew_cron
 from gpudaemon.labels import Labels, LabelSet
+from gpudaemon.logsetup import LogLimiter
 from gpudaemon.schedule import Job
 
 if TYPE_CHECKING:
@@ -59,9 +61,15 @@ class NodeLabelSink:
     Writes only on change: it remembers what it last applied and sends nothing while
     the desired set is the same. After an error, and every `resync_seconds`, it reads
     the Node and writes only if the Node drifted. An API error arms an exponential
-    backoff and is raised as our KubeError (the agent's job wrapper counts and logs it);
+    backoff and is raised as our KubeError (the agent's job wrapper counts it; the sink
+    logs one line when the failures start and one when labels are written again);
     the `kube-retry` job retries as soon as the backoff expires, so labels converge
     within one backoff cap of the API server's recovery.
+
+    A Node deleted and re-created under the same name has a new UID: every reconcile
+    reads the Node's UID from the API server's cache, and a new one means "not
+    written by us": the labels are applied again and the Lease re-owned at once. The
+    Lease is renewed only for the UID the labels were last written to.
     """
 
     name = "apiserver"
@@ -103,7 +111,10 @@ class NodeLabelSink:
         self._applied: dict[str, dict[str, str]] | None = None
         self._verified_at = -float("inf")
         self._retry_at = -float("inf")
-        self._node_uid: str | None = None
+        self._node_uid: str | None = None  # the Node our labels were written to
+        self._lease_uid: str | None = None  # the owner in our last Lease renewal
+        self._label_log = LogLimiter()  # one line per outage, one when it ends
+        self._lease_log = LogLimiter()
 
     # -- label sink interface ----------------------------------------------------------
 
@@ -144,40 +155,75 @@ class NodeLabelSink:
         assert desired is not None
         if now < self._retry_at:
             return False  # backing off; retry() picks it up when due
-        if desired == self._applied and now - self._verified_at < self.resync_s:
-            self._ok(now, "unchanged")
-            return False
         try:
+            if desired == self._applied and now - self._verified_at < self.resync_s:
+                # Nothing to write, unless the Node was re-created (a new UID: our
+                # labels are gone). A read from the API server's cache, no write.
+                if self._same_node(self.client.get_node(self.node, cached=True)):
+                    self._ok(now, "unchanged")
+                    return False
+                self._applied = None
             if self._applied is None or desired == self._applied:
                 # First write, after an error, or a periodic resync: read, and write
                 # only if the Node drifted (a restarted agent does not rewrite it).
                 node = self.client.get_node(self.node)
-                self._node_uid = node.get("metadata", {}).get("uid")
+                self._same_node(node)
+                self._node_uid = _uid(node)
                 if in_sync(node, desired):
-                    self._applied, self._verified_at = desired, now
-                    self._ok(now, "unchanged")
+                    self._written(desired, now, "unchanged")
                     return False
             result = self.client.apply_node(self.node, desired["labels"], desired["annotations"])
-            self._node_uid = result.get("metadata", {}).get("uid", self._node_uid)
+            self._node_uid = _uid(result) or self._node_uid
         except KubeError as e:
             self._applied = None
             delay = self.backoff.next_delay()
             self._retry_at = now + delay
             self.metrics.node_writes.labels("error").inc()
-            # Raised, not logged: the caller's job accounting logs it once and counts
-            # it in poll_errors, and `run --once` exits non-zero.
-            raise type(e)(
+            if self._label_log.allow():
+                logger.warning(
+                    "node {}: labels not written: {}; retrying with backoff (up to {:.0f}s), "
+                    "one more line when they are written",
+                    self.node,
+                    e,
+                    self.backoff.cap,
+                )
+            # Raised for the job wrapper to count (poll_errors; `run --once` exits 1);
+            # logged above, once per outage.
+            err = type(e)(
                 f"node {self.node}: labels not written, retry in {delay:.1f}s: {e}", e.status
-            ) from None
-        if self.backoff.failures:
-            logger.info(
-                "node {}: labels written after {} failed attempt(s)",
-                self.node,
-                self.backoff.failures,
             )
-        self._applied, self._verified_at = desired, now
-        self._ok(now, "success")
+            err.reported = True
+            raise err from None
+        self._written(desired, now, "success")
         return True
+
+    def _same_node(self, node: Mapping[str, Any]) -> bool:
+        """False, with one log line, when the Node's UID is not the one we wrote to."""
+        uid = _uid(node)
+        if self._node_uid is None or uid == self._node_uid:
+            return True
+        logger.warning(
+            "node {}: the Node was re-created (uid {} -> {}): writing its labels again and "
+            "re-owning its Lease",
+            self.node,
+            self._node_uid,
+            uid,
+        )
+        self._node_uid = None
+        return False
+
+    def _written(self, desired: dict[str, dict[str, str]], now: float, result: str) -> None:
+        """The Node holds our labels: record it, end an outage, re-own the Lease."""
+        failures = self.backoff.failures
+        self._applied, self._verified_at = desired, now
+        self._ok(now, result)
+        if self._label_log.forget():
+            logger.info("node {}: labels written after {} failed attempt(s)", self.node, failures)
+        if self._lease_uid is not None and self._lease_uid != self._node_uid:
+            # The Lease names another Node (re-created): re-own it now, not at the
+            # next renewal, so readers trust the new labels within this reconcile.
+            with contextlib.suppress(KubeError):  # logged; the lease job retries
+                self._renew()
 
     def _ok(self, now: float, result: str) -> None:
         self.backoff.reset()
@@ -190,9 +236,42 @@ class NodeLabelSink:
     def heartbeat(self) -> bool:
         """Renew the node's Lease; False when skipped, KubeError when it fails. Skipped
         while the data is stale or the Node's labels are not known to be current, so
-        an expired Lease means "do not trust this node's labels and annotation"."""
+        an expired Lease means "do not trust this node's labels and annotation". It
+        never vouches for a Node it has not written: the Node's UID (from the API
+        server's cache) must be the one the labels went to; a new one is re-labelled
+        by the next `kube-retry` (within a second), which re-owns the Lease."""
         with self._lock:
             current = self._applied is not None and self._applied == self._desired
-        if not current or not self.fresh():
-            return False
-        return self.lease.renew(self._node_uid)
+            if not current or self._node_uid is None or not self.fresh():
+                return False
+            try:
+                same = self._same_node(self.client.get_node(self.node, cached=True))
+            except KubeError as e:
+                self._lease_failed(type(e)(f"node {self.node}: lease not renewed: {e}", e.status))
+            if not same:
+                self._applied = None  # kube-retry writes the labels again
+                return False
+            return self._renew()
+
+    def _renew(self) -> bool:
+        """Renew with the Node we wrote to as owner; log one line per outage."""
+        uid = self._node_uid
+        try:
+            self.lease.renew(uid)
+        except KubeError as e:
+            self._lease_failed(e)
+        self._lease_uid = uid
+        if self._lease_log.forget():
+            logger.info("node {}: lease renewed again", self.node)
+        return True
+
+    def _lease_failed(self, e: KubeError) -> NoReturn:
+        if self._lease_log.allow():
+            logger.warning("{}; one more line when it is renewed again", e)
+        e.reported = True
+        raise e
+
+
+def _uid(obj: Mapping[str, Any]) -> str | None:
+    uid = (obj.get("metadata") or {}).get("uid")
+    return uid if isinstance(uid, str) and uid else None

@@ -51,8 +51,8 @@ class FakeClient:
         if self.fail:
             raise self.fail
 
-    def get_node(self, name: str) -> dict[str, Any]:
-        self._check("get")
+    def get_node(self, name: str, cached: bool = False) -> dict[str, Any]:
+        self._check("uid" if cached else "get")  # cached: the per-reconcile UID check
         fields = {
             "f:metadata": {
                 "f:labels": {f"f:{k}": {} for k in self.owned[0]},
@@ -131,8 +131,10 @@ def test_first_apply_reads_then_writes_and_repeat_sends_nothing() -> None:
     for _ in range(20):
         clock.t += 30
         assert sink.apply(ls()) is False
-    # 20 x 30 s reaches the 600 s resync: one read, no write.
-    assert fake.calls == ["get", "apply", "get"]
+    # 20 x 30 s reaches the 600 s resync: one read, no write; before it, one cached
+    # UID read per reconcile (a re-created Node must be noticed), never a write.
+    assert [c for c in fake.calls if c != "uid"] == ["get", "apply", "get"]
+    assert fake.calls.count("uid") == 19
     assert writes(reg, "success") == 1 and writes(reg, "unchanged") == 20
     assert reg.get_sample_value("gpudaemon_last_reconcile_timestamp_seconds") == clock.t
 
