@@ -1,18 +1,61 @@
-"""The CLI as users run it: real subprocesses, exit codes, one-line errors, no tracebacks."""
+"""The CLI as users run it: exit codes, one-line errors, no tracebacks.
 
+Most cases run `gpudaemon.cli.main` in this process (an interpreter start costs more than
+the case itself); `gpudaemon()` keeps a few as real subprocesses, for what only a real
+process shows: argparse's exit, the stderr a user sees, and the log format."""
+
+import contextlib
+import io
 import json
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
+from gpudaemon import cli
+from gpudaemon.logsetup import setup_logging
 from tests.support import REPO
+
+
+class Result(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture(autouse=True)
+def no_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No kubeconfig, no in-cluster identity: labels fall back to stdout."""
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    yield
+
+
+def run_cli(*args: str) -> Result:
+    """`gpudaemon <args>` in this process, with its stdout, stderr and exit code."""
+    out, err = io.StringIO(), io.StringIO()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = cli.main(list(args))
+            except SystemExit as e:  # argparse
+                rc = e.code if isinstance(e.code, int) else 2
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        setup_logging("WARNING")  # back to this process's stderr, not the buffer
+    return Result(rc, out.getvalue(), err.getvalue())
 
 
 def gpudaemon(
     *args: str, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
+    """`gpudaemon <args>` as a real subprocess."""
     import os
 
     return subprocess.run(
@@ -26,7 +69,7 @@ def gpudaemon(
 
 
 def test_probe_json_reports_eight_gpus_with_labels_and_annotation() -> None:
-    p = gpudaemon("probe", "--simulate", "dgx-h100", "--format", "json")
+    p = run_cli("probe", "--simulate", "dgx-h100", "--format", "json")
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert {"gpus", "labels", "annotations"} <= set(d)
@@ -36,12 +79,12 @@ def test_probe_json_reports_eight_gpus_with_labels_and_annotation() -> None:
 
 
 def test_probe_table() -> None:
-    p = gpudaemon("probe", "--simulate", "a100-mig")
+    p = run_cli("probe", "--simulate", "a100-mig")
     assert p.returncode == 0 and "gpudaemon.io/mig.enabled=true" in p.stdout
 
 
 def test_run_once_exits_zero_and_prints_labels() -> None:
-    p = gpudaemon("run", "--simulate", "dgx-h100", "--once", "--labels-to", "stdout")
+    p = run_cli("run", "--simulate", "dgx-h100", "--once", "--labels-to", "stdout")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["labels"]["gpudaemon.io/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
 
@@ -56,14 +99,14 @@ def test_labels_to_nfd_file(tmp_path: Path) -> None:
     out = tmp_path / "features.d" / "gpudaemon"
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"labels: {{to: nfd, nfd_path: {out}}}\n")
-    p = gpudaemon("run", "--simulate", "dgx-h100", "--once", "--config", str(cfg))
+    p = run_cli("run", "--simulate", "dgx-h100", "--once", "--config", str(cfg))
     assert p.returncode == 0, p.stderr
     lines = out.read_text().splitlines()
     assert "gpudaemon.io/gpu.count=8" in lines and all("=" in line for line in lines)
 
 
 def test_version() -> None:
-    p = gpudaemon("version")
+    p = run_cli("version")
     assert p.returncode == 0 and p.stdout.startswith("gpudaemon ")
 
 
@@ -111,7 +154,7 @@ BAD = [
 
 @pytest.mark.parametrize(("args", "message"), BAD)
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
-    p = gpudaemon(*args)
+    p = run_cli(*args)
     assert p.returncode == 2, (p.returncode, p.stderr)
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], p.stderr
@@ -156,7 +199,7 @@ def test_bad_profile_values_exit_2(tmp_path: Path, profile: str, message: str) -
     f = tmp_path / "p.yaml"
     f.write_text(profile)
     for cmd in (["probe", "--simulate", str(f)], ["run", "--once", "--simulate", str(f)]):
-        p = gpudaemon(*cmd)
+        p = run_cli(*cmd)
         assert p.returncode == 2 and message in p.stderr, p.stderr
         assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
 
@@ -171,7 +214,7 @@ def test_bad_profile_values_exit_2(tmp_path: Path, profile: str, message: str) -
 def test_bad_config_file_exit_2(tmp_path: Path, config: str, message: str) -> None:
     f = tmp_path / "c.yaml"
     f.write_text(config)
-    p = gpudaemon("run", "--config", str(f), "--simulate", "dgx-h100")
+    p = run_cli("run", "--config", str(f), "--simulate", "dgx-h100")
     assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
 
@@ -179,13 +222,13 @@ def test_bad_config_file_exit_2(tmp_path: Path, config: str, message: str) -> No
 def test_bad_profile_file_exit_2(tmp_path: Path) -> None:
     f = tmp_path / "p.yaml"
     f.write_text("gpus: [{name: X}]")
-    p = gpudaemon("probe", "--simulate", str(f))
+    p = run_cli("probe", "--simulate", str(f))
     assert p.returncode == 2 and "memory_total_mib" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
 
 
 def test_labels_to_none_runs_metrics_only() -> None:
-    p = gpudaemon("run", "--simulate", "dgx-h100", "--once", "--labels-to", "none")
+    p = run_cli("run", "--simulate", "dgx-h100", "--once", "--labels-to", "none")
     assert p.returncode == 0, p.stderr
     assert p.stdout == "" and "labels->none" in p.stderr
 
@@ -196,3 +239,24 @@ def test_log_json_writes_one_json_object_per_line() -> None:
     lines = p.stderr.strip().splitlines()
     assert lines and all(json.loads(line)["record"]["level"]["name"] for line in lines)
     assert any("gpudaemon starting" in json.loads(line)["text"] for line in lines)
+
+
+def test_an_unknown_flag_in_a_real_process_is_one_line_and_exit_2() -> None:
+    p = gpudaemon("run", "--bogus")
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.strip().splitlines() == [
+        "gpudaemon: error: unrecognized arguments: --bogus (see --help)"
+    ]
+
+
+def test_probe_reads_simulate_and_prefix_from_the_config_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("simulate: a100-mig\nsimulate_seed: 3\nlabels: {prefix: example.com/}\n")
+    p = run_cli("probe", "--config", str(cfg), "--format", "json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["labels"]["example.com/mig.enabled"] == "true"
+    assert not any(k.startswith("gpudaemon.io/") for k in d["labels"])
+    # flags still win over the file
+    p = run_cli("probe", "--config", str(cfg), "--format", "json", "--prefix", "x.io/")
+    assert "x.io/gpu.count" in json.loads(p.stdout)["labels"]
