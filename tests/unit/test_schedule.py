@@ -77,18 +77,19 @@ def test_overrunning_job_is_skipped_and_counted_not_stacked() -> None:
     assert sched.stats.by_job["telemetry"]["overruns"] >= 1
 
 
-def test_shutdown_waits_for_the_running_job_then_returns_promptly() -> None:
-    started, finished = threading.Event(), threading.Event()
-    sched = CronScheduler()
+def test_shutdown_waits_for_the_running_job_and_starts_no_other() -> None:
+    started, release, runs = threading.Event(), threading.Event(), []
 
     def job() -> None:
+        runs.append(1)
         started.set()
-        time.sleep(0.5)
-        finished.set()
+        release.wait(10)
+        runs.append(2)
 
+    sched = CronScheduler()
     sched.add("labels", job, "* * * * * *")
     sched.start()
-    assert started.wait(3)
-    t = time.monotonic()
+    assert started.wait(10)
+    threading.Timer(0.2, release.set).start()  # the job ends while shutdown waits
     sched.shutdown(wait=True)
-    assert finished.is_set() and time.monotonic() - t < 3
+    assert runs == [1, 2]  # the running job finished; no new run was started
