@@ -338,7 +338,10 @@ def test_a_hung_api_server_gives_an_unavailable_error_not_a_hang(tmp_path: Any) 
         "users: [{name: u, user: {token: t}}]\n"
         "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
     )
-    client = kube.KubeClient.from_credentials(kube.Credentials(False, str(kc)), timeout_s=1.0)
+    # Both timeouts injected short: the claim is "an error, not a hang", not a duration.
+    client = kube.KubeClient.from_credentials(
+        kube.Credentials(False, str(kc)), timeout_s=0.2, connect_timeout_s=0.2
+    )
     try:
         with pytest.raises(KubeUnavailableError, match="GET /api/v1/nodes/n1"):
             client.get_node("n1")
@@ -426,7 +429,9 @@ class _WatchServer:
                 pass
 
         self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.srv.serve_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=self.srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
         self.thread.start()
         kc = tmp_path / "kc"
         kc.write_text(
