@@ -1,0 +1,92 @@
+"""A Node deleted and re-created while a real agent process runs against the real API
+server (issue 12 items 13 and 14): its labels come back and the Lease's owner follows
+the new Node UID within a few reconciles, never vouching for the deleted Node; the
+missing Node is one log line when it goes and one when labels are written again."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.kube.controlplane import ControlPlane
+from tests.support import free_port, http_get, start_agent, stop, wait_for
+
+pytestmark = pytest.mark.integration
+
+P = "gpudaemon.io/"
+
+
+def lease_owner(cp: ControlPlane, node: str) -> str | None:
+    lease = cp.lease(node)
+    owners = ((lease or {}).get("metadata") or {}).get("ownerReferences") or []
+    return owners[0]["uid"] if len(owners) == 1 and owners[0]["kind"] == "Node" else None
+
+
+def labelled(cp: ControlPlane, node: str) -> dict[str, Any] | None:
+    n = cp.node(node)
+    return n if n["metadata"].get("labels", {}).get(P + "gpu.count") == "8" else None
+
+
+def metric(port: int, name: str, labels: str) -> float:
+    _, body = http_get(f"http://127.0.0.1:{port}/metrics")
+    m = re.search(rf"^{name}\{{{labels}\}} (\S+)$", body.decode(), re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_recreated_node_gets_labels_and_lease_owner_back(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    cp = control_plane
+    node = f"gpu-{uuid.uuid4().hex[:8]}"
+    first_uid = cp.create_node(node, {"team": "ml"})["metadata"]["uid"]
+    port = free_port()
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        f"node_name: {node}\nsimulate: dgx-h100\n"
+        f"metrics: {{listen: '127.0.0.1:{port}'}}\n"
+        "labels: {to: apiserver}\n"
+        f"kubernetes: {{kubeconfig: '{cp.agent_kubeconfig}', lease_duration_seconds: 10,"
+        " backoff_max_seconds: 4}\n"
+        "schedules: {telemetry: '* * * * * *', labels: '*/2 * * * * *'}\n"
+    )
+    log = tmp_path / "agent.log"
+    proc = start_agent(["run", "--config", str(config)], log=log)
+    try:
+        wait_for(lambda: labelled(cp, node), timeout=60, what="labels on the first Node")
+        wait_for(lambda: lease_owner(cp, node) == first_uid, timeout=60, what="Lease owned")
+
+        # Gone for a while: several reconciles and retries fail with 404.
+        cp.admin.request("DELETE", f"/api/v1/nodes/{node}")
+        wait_for(
+            lambda: metric(port, "gpudaemon_node_writes_total", 'result="error"') >= 3,
+            timeout=60,
+            what="three failed attempts while the Node is missing",
+        )
+        assert lease_owner(cp, node) in (None, first_uid)  # never re-owned meanwhile
+
+        second_uid = cp.create_node(node, {"team": "ml"})["metadata"]["uid"]
+        assert second_uid != first_uid
+        wait_for(lambda: labelled(cp, node), timeout=60, what="labels on the re-created Node")
+        wait_for(lambda: lease_owner(cp, node) == second_uid, timeout=60, what="Lease re-owned")
+
+        # Re-created with no gap at all (delete + create between two reconciles): the
+        # labels come back and the Lease follows too.
+        cp.admin.request("DELETE", f"/api/v1/nodes/{node}")
+        third_uid = cp.create_node(node, {"team": "ml"})["metadata"]["uid"]
+        wait_for(lambda: labelled(cp, node), timeout=60, what="labels on the third Node")
+        wait_for(lambda: lease_owner(cp, node) == third_uid, timeout=60, what="Lease re-owned")
+    finally:
+        assert stop(proc) == 0
+    text = log.read_text()
+    assert "Traceback" not in text
+    assert "maximum number of running instances" not in text
+    # One line when the Node went missing, one when the labels were written again.
+    assert (
+        text.count(f'nodes \\"{node}\\" not found') + text.count(f'nodes "{node}" not found') == 1
+    ), text
+    assert text.count("labels written after") == 1, text
+    assert text.count("the Node was re-created") == 2, text
