@@ -1,6 +1,8 @@
-"""API server down for 60 s: the agent process keeps serving /metrics the whole time,
-does not crash-loop, and after the restart its labels (and a GPU lost during the
-outage) converge within one backoff cap."""
+"""API server down: the agent process keeps serving /metrics the whole time, does not
+crash-loop, backs off instead of hammering, and after the restart its labels (and a GPU
+lost during the outage) converge. The backoff cap and the connect timeout are injected
+short, so the outage spans many caps in a few seconds; the exact timing of the backoff
+(each delay, retry as soon as due) is pinned with a fake clock in tests/unit/test_kube.py."""
 
 from __future__ import annotations
 
@@ -15,19 +17,20 @@ from tests.support import free_port, http_get, start_agent, stop, wait_for
 pytestmark = pytest.mark.integration
 
 P = "gpudaemon.io/"
-BACKOFF_CAP_S = 8
-OUTAGE_S = 60
+BACKOFF_CAP_S = 2
+OUTAGE_S = 15  # at least; it also lasts until GPU 2 has been lost
+LOST_AT_S = 30  # after the agent's start: after its first labels, during the outage
 
 
-def test_agent_survives_a_60s_outage_and_converges_within_one_backoff_cap(
+def test_agent_survives_an_outage_backs_off_and_converges(
     control_plane: ControlPlane, node: str, tmp_path: Path
 ) -> None:
     port = free_port()
     profile = tmp_path / "profile.yaml"
-    # GPU 2 is lost 40 s after start: that is during the outage.
+    # GPU 2 is lost LOST_AT_S after start: that is during the outage.
     profile.write_text(
         'driver_version: "550.54.15"\ncuda_version: "12.4"\n'
-        "faults: [{kind: lost, gpu: 2, after_s: 40}]\n"
+        f"faults: [{{kind: lost, gpu: 2, after_s: {LOST_AT_S}}}]\n"
         "gpus:\n  - {name: NVIDIA H100 80GB HBM3, memory_total_mib: 81559,"
         ' compute_capability: "9.0", count: 4}\n'
     )
@@ -39,15 +42,17 @@ def test_agent_survives_a_60s_outage_and_converges_within_one_backoff_cap(
         'schedules: {telemetry: "* * * * * *", labels: "*/2 * * * * *",'
         ' inventory: "*/10 * * * * *"}\n'
         f"kubernetes: {{kubeconfig: '{control_plane.agent_kubeconfig}',"
-        f" backoff_max_seconds: {BACKOFF_CAP_S}, request_timeout_seconds: 2,"
+        f" backoff_max_seconds: {BACKOFF_CAP_S}, request_timeout_seconds: 1,"
+        " connect_timeout_seconds: 0.5,"
         " lease_duration_seconds: 12}\n"
     )
     log = tmp_path / "agent.log"
+    started = time.monotonic()
     proc = start_agent(["run", "--config", str(cfg)], log=log)
     try:
         wait_for(
             lambda: control_plane.node(node)["metadata"]["labels"].get(P + "gpu.healthy") == "4",
-            timeout=60,
+            timeout=LOST_AT_S - 5,
             what="first labels",
         )
         wait_for(lambda: control_plane.lease(node), timeout=30, what="first lease")
@@ -55,26 +60,28 @@ def test_agent_survives_a_60s_outage_and_converges_within_one_backoff_cap(
         control_plane.stop_apiserver()
         down_at = time.monotonic()
         answers = []
-        while time.monotonic() - down_at < OUTAGE_S:
+        while time.monotonic() - down_at < OUTAGE_S or time.monotonic() - started < LOST_AT_S + 3:
             status, body = http_get(f"http://127.0.0.1:{port}/metrics", timeout=5)
             answers.append(status)
             assert proc.poll() is None, log.read_text()[-3000:]
             time.sleep(1)
         assert answers and set(answers) == {200}, answers
+        outage_s = time.monotonic() - down_at
         errors = _metric(body, 'gpudaemon_node_writes_total{result="error"}')
-        assert errors >= 1, "the outage never reached the sink"
+        assert errors >= 2, "the outage never reached the sink, or it never retried"
+        # Backoff, not hammering: with delays of at least half the cap once it is
+        # reached, the attempts are bounded (the doubling start adds a few).
+        assert errors <= outage_s / (BACKOFF_CAP_S / 2) + 4, (errors, outage_s)
+        job_errors = _metric(body, 'gpudaemon_poll_errors_total{task="kube-retry"}')
+        assert job_errors >= 1, "kube-retry failures are counted like every job's"
 
         control_plane.start_apiserver()  # returns once /readyz answers
-        recovered_at = time.monotonic()
         wait_for(
             lambda: control_plane.node(node)["metadata"]["labels"].get(P + "gpu.healthy") == "3",
-            timeout=BACKOFF_CAP_S + 30,
+            timeout=BACKOFF_CAP_S + 30,  # a liveness bound, not the claim (see docstring)
             interval=0.25,
             what="labels after recovery",
         )
-        converged_s = time.monotonic() - recovered_at
-        # One backoff cap, plus the 1 s retry tick and our 0.25 s polling.
-        assert converged_s <= BACKOFF_CAP_S + 2, converged_s
         gpus = {g["index"]: g for g in annotation(control_plane.node(node))}
         assert gpus[2]["healthy"] is False
         before = control_plane.lease(node)
