@@ -77,7 +77,9 @@ def test_default_values_render_agent_extender_scheduler_and_policy(helm: str) ->
         "ServiceAccount/gpudaemon-extender",
         "ServiceAccount/gpudaemon-scheduler",
         "ValidatingAdmissionPolicy/gpudaemon-agent-node-keys",
+        "ValidatingAdmissionPolicy/gpudaemon-agent-own-lease",
         "ValidatingAdmissionPolicyBinding/gpudaemon-agent-node-keys",
+        "ValidatingAdmissionPolicyBinding/gpudaemon-agent-own-lease",
     ]
 
 

@@ -2,7 +2,7 @@
 (`gpudaemon run --simulate dgx-h100 --once`) runs with a token of the chart's
 ServiceAccount bound to the agent pod the DaemonSet put on one GPU node. It labels that
 node, and the API server refuses it, with the policy's own message, on another node and
-for keys outside its prefix."""
+for keys outside its prefix; nor may it write another node's freshness Lease."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from gpudaemon.errors import KubeError, KubeForbiddenError
+from gpudaemon.kube.client import Credentials, KubeClient
 from tests.integration.helm.cluster import Cluster
 from tests.integration.helm.conftest import agent_pods
 from tests.integration.kube.controlplane import _kubeconfig
@@ -59,11 +61,24 @@ def labels(cluster: Cluster, node: str) -> dict[str, str]:
     return dict(cluster.request("GET", f"/api/v1/nodes/{node}")["metadata"].get("labels") or {})
 
 
+def lease(cluster: Cluster, ns: str, node: str) -> dict[str, Any] | None:
+    return cluster.get(f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{node}")
+
+
 def test_agent_with_the_charts_pod_bound_token_labels_only_its_own_node(
     cluster: Cluster, release: str, tmp_path: Path
 ) -> None:
     pods = {str(p["spec"]["nodeName"]): p for p in agent_pods(cluster, release, "gpudaemon")}
-    mine, other = "gpu-0", "gpu-1"
+    # Node A starts without agent data (other tests may have run agents on it); node
+    # B is a CPU node, where no agent ever wrote.
+    mine, other = "gpu-0", "cpu-0"
+    strip = {k: None for k in labels(cluster, mine) if k.startswith("gpudaemon.io/")}
+    cluster.request(
+        "PATCH",
+        f"/api/v1/nodes/{mine}",
+        body={"metadata": {"labels": strip, "annotations": {"gpudaemon.io/gpus": None}}},
+        content_type="application/merge-patch+json",
+    )
     token = pod_bound_token(cluster, release, pods[mine])
     kc = _kubeconfig(
         tmp_path / "agent.kubeconfig", cluster.cp.server, "agent", token, cluster.cp.ca
@@ -73,11 +88,27 @@ def test_agent_with_the_charts_pod_bound_token_labels_only_its_own_node(
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert labels(cluster, mine)["gpudaemon.io/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     assert labels(cluster, mine)["gpudaemon.io/gpu.count"] == "8"
+    assert lease(cluster, release, mine) is not None
 
     elsewhere = run_agent(kc, other)
-    assert elsewhere.returncode == 1
-    assert "may change only the Node its pod runs on" in elsewhere.stdout + elsewhere.stderr
+    out = elsewhere.stdout + elsewhere.stderr
+    assert elsewhere.returncode == 1, out
+    assert "may change only the Node its pod runs on" in out
     assert not any(k.startswith("gpudaemon.io/") for k in labels(cluster, other))
+    # The agent vouches with the Lease only after its labels were written; the same
+    # token writing that Lease directly is refused by the Lease policy.
+    assert lease(cluster, release, other) is None
+    client = KubeClient.from_credentials(Credentials(False, str(kc)), timeout_s=30)
+    try:
+        with pytest.raises(KubeError) as denied:
+            client.apply_lease(
+                release, other, {"holderIdentity": "spoof", "leaseDurationSeconds": 40}
+            )
+        assert "may write only the Lease of the Node its pod runs on" in str(denied.value)
+        client.apply_lease(release, mine, {"holderIdentity": "me", "leaseDurationSeconds": 40})
+    finally:
+        client.close()
+    assert lease(cluster, release, other) is None
 
     foreign = run_agent(kc, mine, GPUDAEMON_LABELS__PREFIX="example.com/")
     assert foreign.returncode == 1
@@ -88,9 +119,6 @@ def test_agent_with_the_charts_pod_bound_token_labels_only_its_own_node(
 def test_charts_service_account_cannot_read_secrets_or_write_other_namespaces(
     cluster: Cluster, release: str, tmp_path: Path
 ) -> None:
-    from gpudaemon.errors import KubeForbiddenError
-    from gpudaemon.kube.client import Credentials, KubeClient
-
     pod = agent_pods(cluster, release, "gpudaemon")[0]
     kc = _kubeconfig(
         tmp_path / "kc",
