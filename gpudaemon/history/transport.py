@@ -4,7 +4,6 @@ the writer's metric label."""
 
 from __future__ import annotations
 
-import json
 import re
 import urllib.parse
 from typing import Protocol
@@ -14,7 +13,7 @@ from influxdb_client.client.influxdb_client import InfluxDBClient
 from influxdb_client.client.write_api import SYNCHRONOUS
 from influxdb_client.rest import ApiException
 
-from gpudaemon.errors import InfluxWriteError
+from gpudaemon.errors import InfluxWriteError, http_failure_kind, root_cause, server_message
 
 
 class Transport(Protocol):
@@ -55,37 +54,35 @@ class ClientTransport:
         self._client.close()  # type: ignore[no-untyped-call]
 
 
+# The shared HTTP failure kinds, as this writer's metric labels (kept from before).
+_KINDS = {
+    "unauthorized": "unauthorized",
+    "not_found": "not_found",  # InfluxDB 1.x: database not found; 2.x: bucket not found
+    "conflict": "rejected",
+    "gone": "rejected",
+    "rejected": "rejected",
+    "unavailable": "server",
+}
+
+
 def _http_error(status: int | None, reason: str | None, message: object) -> InfluxWriteError:
-    if status in (401, 403):
-        kind = "unauthorized"
-    elif status == 404:
-        kind = "not_found"  # InfluxDB 1.x: database not found; 2.x: bucket not found
-    elif status is not None and 400 <= status < 500 and status != 429:
-        kind = "rejected"
-    else:
-        kind = "server"
-    text = message.decode(errors="replace") if isinstance(message, bytes) else str(message or "")
-    try:  # InfluxDB 1.x answers {"error": ...}, 2.x {"message": ...}
-        body = json.loads(text)
-        text = str(body.get("error") or body.get("message") or text)
-    except (ValueError, AttributeError):
-        pass
-    detail = " ".join(text.split())[:200]
+    body = message if isinstance(message, bytes | str) else str(message or "")
+    text = server_message(body, limit=1 << 20)
+    detail = text[:200]
     # "dropped=N" (how many points of a partial write InfluxDB refused) is what the
-    # writer counts by; keep it even when the message is cut.
-    # So is whether some lines could not be parsed (not counted in dropped=N).
+    # writer counts by; keep it even when the message is cut. So is whether some lines
+    # could not be parsed (those are not counted in dropped=N).
     if "unable to parse" in text and "unable to parse" not in detail:
         detail += " ... unable to parse"
     dropped = re.search(r"\bdropped=\d+", text)
     if dropped and dropped.group() not in detail:
         detail += f" ... {dropped.group()}"
+    kind = _KINDS[http_failure_kind(status)]
     return InfluxWriteError(kind, f"HTTP {status} {reason or ''}".rstrip() + f": {detail}")
 
 
 def _transport_error(e: Exception) -> InfluxWriteError:
-    cause: BaseException = e
-    if isinstance(e, urllib3.exceptions.MaxRetryError) and e.reason is not None:
-        cause = e.reason
+    cause = root_cause(e)
     # NewConnectionError subclasses ConnectTimeoutError for history's sake: test it first.
     if isinstance(cause, urllib3.exceptions.NewConnectionError | ConnectionError):
         return InfluxWriteError("unreachable", f"cannot connect: {cause}")
