@@ -1,6 +1,8 @@
-"""Generate docs/reference/*.md from the code, so the reference cannot drift.
+"""Generate docs/reference/*.md (and the chart's values.schema.json) from the code, so
+neither can drift.
 
-  scripts/gen-docs           write docs/reference/{configuration,metrics,labels}.md
+  scripts/gen-docs           write docs/reference/{configuration,metrics,labels}.md and
+                             deploy/helm/gpudaemon/values.schema.json
   scripts/gen-docs --check   write nothing; exit 1 naming the files that differ
 
 - configuration.md: every key of the config model (gpudaemon/config.py), its type,
@@ -10,6 +12,8 @@
   (read from their registries after one simulated cycle, not from a list kept here).
 - labels.md: every label each labeler sets on the built-in simulated profiles, with the
   values seen, and the fields of the per-GPU annotation.
+- values.schema.json: the chart's values, with `agent.config` and `extender.config`
+  checked against the config model's own JSON schema.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import tempfile
 import textwrap
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -304,14 +308,238 @@ def labels() -> str:
     return HEADER.format(src="gpudaemon/labels/") + "\n".join(out).rstrip("\n") + "\n"
 
 
+# -- the chart's values schema -------------------------------------------------------------
+
+
+def _strip_titles(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _strip_titles(v) for k, v in node.items() if k != "title"}
+    if isinstance(node, list):
+        return [_strip_titles(v) for v in node]
+    return node
+
+
+def values_schema() -> str:
+    """deploy/helm/gpudaemon/values.schema.json. `agent.config` and `extender.config`
+    are checked against the config model itself, so a typo there fails `helm install`
+    instead of every pod at start-up."""
+    from gpudaemon.config import Config
+
+    model = _strip_titles(Config.model_json_schema(by_alias=True, mode="validation"))
+    defs = model.pop("$defs")
+    config_ref = {
+        "$ref": "#/$defs/GpudaemonConfig",
+        "description": "gpudaemon config (docs/reference/configuration.md); the chart's keys win",
+    }
+
+    def obj(props: dict[str, Any], required: Sequence[str] = ()) -> dict[str, Any]:
+        d: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False}
+        if required:
+            d["required"] = list(required)
+        return d
+
+    S = {"type": "string"}
+    B = {"type": "boolean"}
+    MAP = {"type": "object"}  # free-form
+    STRMAP = {"type": "object", "additionalProperties": {"type": "string"}}
+    LIST = {"type": "array"}
+    INT0 = {"type": "integer", "minimum": 0}
+    INT1 = {"type": "integer", "minimum": 1}
+    DURATION = {"type": "string", "pattern": "^([0-9]+(\\.[0-9]+)?(ms|s|m|h))+$"}
+    QTY = {"type": ["string", "number"]}
+    RES = obj(
+        {
+            "requests": {"type": "object", "additionalProperties": QTY},
+            "limits": {"type": "object", "additionalProperties": QTY},
+        }
+    )
+    SA = obj({"name": S, "annotations": STRMAP})
+    PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
+    PROBE = {"type": ["object", "null"]}
+
+    image = obj(
+        {
+            "repository": {"type": "string", "minLength": 1},
+            "tag": S,
+            "digest": {"type": "string", "pattern": "^(|sha256:[a-f0-9]{64})$"},
+            "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
+        },
+        ["repository"],
+    )
+
+    agent = obj(
+        {
+            "serviceAccount": SA,
+            "config": config_ref,
+            "env": LIST,
+            "nodeSelector": STRMAP,
+            "affinity": MAP,
+            "tolerations": LIST,
+            "priorityClassName": S,
+            "updateStrategy": MAP,
+            "runtimeClassName": S,
+            "nvidiaVisibleDevices": S,
+            "podResources": obj({"enabled": B, "hostPath": {"type": "string", "pattern": "^/"}}),
+            "resources": RES,
+            "podSecurityContext": MAP,
+            "securityContext": MAP,
+            "podAnnotations": STRMAP,
+            "podLabels": STRMAP,
+            "terminationGracePeriodSeconds": INT0,
+            "livenessProbe": PROBE,
+            "readinessProbe": PROBE,
+            "admissionPolicy": obj({"enabled": B, "requireNodeBoundToken": B}),
+        }
+    )
+
+    influx = obj(
+        {
+            "enabled": B,
+            "url": {"type": "string", "pattern": "^(|https?://.+)$"},
+            "org": S,
+            "bucket": S,
+            "tokenSecret": obj({"name": S, "key": {"type": "string", "minLength": 1}}),
+            "spool": obj({"maxBytes": INT1, "sizeLimit": QTY, "volume": MAP}),
+        }
+    )
+
+    influx["if"] = {"properties": {"enabled": {"const": True}}, "required": ["enabled"]}
+    influx["then"] = {
+        "properties": {
+            "url": {"type": "string", "minLength": 1},
+            "bucket": {"type": "string", "minLength": 1},
+            "tokenSecret": {"properties": {"name": {"type": "string", "minLength": 1}}},
+        },
+    }
+
+    monitoring = obj(
+        {
+            "serviceMonitor": obj(
+                {
+                    "enabled": B,
+                    "force": B,
+                    "interval": DURATION,
+                    "scrapeTimeout": DURATION,
+                    "labels": STRMAP,
+                }
+            ),
+            "prometheusRule": obj({"enabled": B, "force": B, "labels": STRMAP}),
+            "dashboards": obj(
+                {
+                    "enabled": B,
+                    "namespace": S,
+                    "label": {"type": "string", "minLength": 1},
+                    "labelValue": S,
+                    "annotations": STRMAP,
+                }
+            ),
+        }
+    )
+
+    pod_common = {
+        "resources": RES,
+        "nodeSelector": STRMAP,
+        "affinity": MAP,
+        "tolerations": LIST,
+        "priorityClassName": S,
+        "podAnnotations": STRMAP,
+        "podSecurityContext": MAP,
+        "securityContext": MAP,
+        "serviceAccount": SA,
+    }
+    extender = obj(
+        dict(
+            pod_common,
+            **{
+                "enabled": B,
+                "replicas": INT0,
+                "policy": {"enum": ["binpack", "spread", "fragmentation"]},
+                "config": config_ref,
+                "env": LIST,
+                "port": PORT,
+                "podLabels": STRMAP,
+                "livenessProbe": PROBE,
+                "readinessProbe": PROBE,
+            },
+        )
+    )
+    scheduler = obj(
+        dict(
+            pod_common,
+            **{
+                "enabled": B,
+                "name": {
+                    "type": "string",
+                    "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+                    "maxLength": 63,
+                },
+                "replicas": INT0,
+                "image": obj(
+                    {
+                        "repository": {"type": "string", "minLength": 1},
+                        "tag": {"type": "string", "minLength": 1},
+                        "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
+                    }
+                ),
+                "leaderElection": obj({"enabled": B}),
+                "percentageOfNodesToScore": {"type": "integer", "minimum": 0, "maximum": 100},
+                "extenderWeight": INT1,
+                "extenderHttpTimeout": DURATION,
+                "extenderIgnorable": B,
+                "plugins": MAP,
+                "managedResources": {
+                    "type": "array",
+                    "items": obj(
+                        {"name": {"type": "string", "minLength": 1}, "ignoredByScheduler": B},
+                        ["name"],
+                    ),
+                },
+                "verbosity": INT0,
+            },
+        )
+    )
+
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "title": "gpudaemon chart values",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "global": MAP,
+            "image": image,
+            "imagePullSecrets": LIST,
+            "nameOverride": S,
+            "fullnameOverride": S,
+            "labelPrefix": {
+                "type": "string",
+                "description": "DNS-subdomain prefix ending in '/'",
+                "pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/$",
+                "maxLength": 254,
+            },
+            "commonLabels": STRMAP,
+            "agent": agent,
+            "influxdb": influx,
+            "service": obj({"enabled": B, "port": PORT, "annotations": STRMAP}),
+            "monitoring": monitoring,
+            "extender": extender,
+            "scheduler": scheduler,
+        },
+    }
+    schema["$defs"] = {**defs, "GpudaemonConfig": model}
+    return json.dumps(schema, indent=2) + "\n"
+
+
 # -- main ----------------------------------------------------------------------------------
 
 GENERATORS = {"configuration.md": configuration, "metrics.md": metrics, "labels.md": labels}
+SCHEMA = ROOT / "deploy" / "helm" / "gpudaemon" / "values.schema.json"
 
 
 def render() -> dict[Path, str]:
     logger.remove()  # the agent's start-up lines are not documentation
-    return {OUT / name: gen() for name, gen in GENERATORS.items()}
+    out = {OUT / name: gen() for name, gen in GENERATORS.items()}
+    out[SCHEMA] = values_schema()
+    return out
 
 
 def main(argv: list[str]) -> int:

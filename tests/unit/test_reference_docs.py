@@ -1,5 +1,5 @@
-"""The generated reference docs (docs/reference/, scripts/gen-docs) match the code: the
-files are what the generator makes now, and, checked independently of the generator,
+"""The generated reference docs (docs/reference/, scripts/gen-docs) and the chart's
+values schema match the code: the files are what the generator makes now, and, checked independently of the generator,
 every config key, every metric and every label the simulated profiles produce is in
 them."""
 

@@ -189,6 +189,14 @@ def test_one_prefix_for_agent_and_policy(helm: str) -> None:
         (["--set", "agent.tolerationz=x"], "additional properties 'tolerationz' not allowed"),
         (["--set", "labelPrefix=Bad_Prefix"], "at '/labelPrefix': 'Bad_Prefix' does not match"),
         (
+            ["--set", "agent.config.schedules.telemtry=x"],
+            "at '/agent/config/schedules': additional properties 'telemtry' not allowed",
+        ),
+        (
+            ["--set", "extender.config.extender.policy=best"],
+            "at '/extender/config/extender/policy': value must be one of",
+        ),
+        (
             ["--set", "agent.resources.requests=64Mi"],
             "at '/agent/resources/requests': got string, want object",
         ),
