@@ -4,6 +4,7 @@ tests/integration/influx."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -511,3 +512,31 @@ def test_spool_database_that_is_not_a_regular_file_is_a_config_error(
         InfluxWriter(cfg(tmp_path), CollectorRegistry(), FakeTransport())
     assert f"influxdb.spool_dir {spool} is not usable (is a" in str(e.value)
     assert not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (401, "unauthorized"),
+        (403, "unauthorized"),
+        (404, "not_found"),
+        (400, "rejected"),
+        (409, "rejected"),
+        (413, "rejected"),
+        (429, "server"),
+        (503, "server"),
+        (None, "server"),
+    ],
+)
+def test_http_status_maps_to_the_error_kind(status: int | None, kind: str) -> None:
+    from gpudaemon.history.transport import _http_error
+
+    assert _http_error(status, "x", b'{"error": "no"}').kind == kind
+
+
+def test_a_long_partial_write_message_keeps_its_dropped_count() -> None:
+    from gpudaemon.history.transport import _http_error
+
+    body = json.dumps({"error": "partial write: field type conflict: " + "x" * 500 + " dropped=7"})
+    e = _http_error(400, "Bad Request", body.encode())
+    assert len(str(e)) < 300 and str(e).endswith("dropped=7")
