@@ -99,22 +99,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+# Flag -> config key, per command: a flag overrides the file and the environment.
+Flags = dict[str, tuple[str, ...]]
+_LOG_FLAGS: Flags = {"log_json": ("logging", "json"), "log_level": ("logging", "level")}
+_RUN_FLAGS: Flags = {
+    "simulate": ("simulate",),
+    "seed": ("simulate_seed",),
+    "node_name": ("node_name",),
+    "labels_to": ("labels", "to"),
+    "listen": ("metrics", "listen"),
+    **_LOG_FLAGS,
+}
+_EXTENDER_FLAGS: Flags = {
+    "listen": ("extender", "listen"),
+    "policy": ("extender", "policy"),
+    **_LOG_FLAGS,
+}
+_PROBE_FLAGS: Flags = {
+    "simulate": ("simulate",),
+    "seed": ("simulate_seed",),
+    "prefix": ("labels", "prefix"),
+}
+
+
+def _overrides(args: argparse.Namespace, flags: Flags = _RUN_FLAGS) -> dict[str, Any]:
+    """The config overrides of the flags that were given."""
     o: dict[str, Any] = {}
-    if args.simulate:
-        o["simulate"] = args.simulate
-    if args.seed is not None:
-        o["simulate_seed"] = args.seed
-    if args.node_name:
-        o["node_name"] = args.node_name
-    if args.labels_to:
-        o.setdefault("labels", {})["to"] = args.labels_to
-    if args.listen:
-        o.setdefault("metrics", {})["listen"] = args.listen
-    if args.log_json:
-        o.setdefault("logging", {})["json"] = True
-    if args.log_level:
-        o.setdefault("logging", {})["level"] = args.log_level
+    for attr, path in flags.items():
+        v = getattr(args, attr, None)
+        if v is None or v is False or v == "":
+            continue
+        node = o
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = v
     return o
 
 
@@ -137,16 +155,7 @@ def _extender(args: argparse.Namespace) -> int:
     from gpudaemon.extender.app import Extender
     from gpudaemon.logsetup import setup_logging
 
-    o: dict[str, Any] = {}
-    if args.listen:
-        o.setdefault("extender", {})["listen"] = args.listen
-    if args.policy:
-        o.setdefault("extender", {})["policy"] = args.policy
-    if args.log_json:
-        o.setdefault("logging", {})["json"] = True
-    if args.log_level:
-        o.setdefault("logging", {})["level"] = args.log_level
-    cfg = load_config(args.config, overrides=o)
+    cfg = load_config(args.config, overrides=_overrides(args, _EXTENDER_FLAGS))
     setup_logging(cfg.logging.level, cfg.logging.json_)
     ext = Extender(cfg)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -163,18 +172,12 @@ def _probe(args: argparse.Namespace) -> int:
     from gpudaemon.logsetup import setup_logging
 
     setup_logging("WARNING")
-    o: dict[str, Any] = {}
     if args.prefix is not None:
         try:
             validate_prefix(args.prefix)
         except ValueError as e:
             raise UsageError(f"--prefix: {e}") from None
-        o["labels"] = {"prefix": args.prefix}
-    if args.simulate:
-        o["simulate"] = args.simulate
-    if args.seed is not None:
-        o["simulate_seed"] = args.seed
-    cfg = load_config(args.config, overrides=o)
+    cfg = load_config(args.config, overrides=_overrides(args, _PROBE_FLAGS))
     backend = make_backend(cfg.simulate, seed=cfg.simulate_seed)
     try:
         cache = Cache()
