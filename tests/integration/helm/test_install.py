@@ -144,3 +144,57 @@ def test_upgrade_rolls_out_a_changed_value_and_uninstall_leaves_nothing(
         cluster.wait(gone, "nothing of the release left")
     except AssertionError:
         pytest.fail(f"left behind after helm uninstall: {leftovers(cluster)}")
+
+
+def test_objects_applied_before_the_chart_are_adopted_as_docs_upgrade_says(
+    helm: str, cluster: Cluster
+) -> None:
+    """docs/upgrade.md: RBAC and policy applied by hand (as deploy/manifests/ were
+    before the chart) block `helm install` until they carry helm's ownership marks."""
+    rel, ns = "adopt", "gpudaemon-adopt"
+    cluster.request("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+    proc = run_helm(
+        helm, "template", rel, str(CHART), "-n", ns,
+        "--show-only", "templates/agent/rbac.yaml",
+        "--show-only", "templates/agent/admission-policy.yaml",
+        "--show-only", "templates/agent/serviceaccount.yaml",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    by_hand = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    paths = {
+        "ServiceAccount": f"/api/v1/namespaces/{ns}/serviceaccounts",
+        "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        "Role": f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+        "RoleBinding": f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+        "ValidatingAdmissionPolicy": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
+        "ValidatingAdmissionPolicyBinding": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
+    }  # fmt: skip
+    for doc in by_hand:
+        doc["metadata"]["labels"] = {}  # as the hand-written files had none
+        cluster.request("POST", paths[doc["kind"]], body=doc)
+
+    args = ["install", rel, str(CHART), "-n", ns, "--set", "extender.enabled=false",
+            "--set", "scheduler.enabled=false"]  # fmt: skip
+    refused = run_helm(helm, *args, kubeconfig=cluster.kubeconfig)
+    assert refused.returncode != 0
+    assert "invalid ownership metadata" in refused.stderr
+
+    marks = {
+        "metadata": {
+            "annotations": {"meta.helm.sh/release-name": rel, "meta.helm.sh/release-namespace": ns},
+            "labels": {"app.kubernetes.io/managed-by": "Helm"},
+        }
+    }
+    for doc in by_hand:
+        cluster.request(
+            "PATCH",
+            f"{paths[doc['kind']]}/{doc['metadata']['name']}",
+            body=marks,
+            content_type="application/merge-patch+json",
+        )
+    adopted = run_helm(helm, *args, kubeconfig=cluster.kubeconfig)
+    assert adopted.returncode == 0, adopted.stderr
+    assert run_helm(helm, "uninstall", rel, "-n", ns, kubeconfig=cluster.kubeconfig).returncode == 0
+    for doc in by_hand:
+        assert cluster.get(f"{paths[doc['kind']]}/{doc['metadata']['name']}") is None, doc["kind"]
