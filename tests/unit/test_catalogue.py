@@ -14,31 +14,17 @@ from gpudaemon.cache import Cache
 from gpudaemon.history.lines import lines_for
 from gpudaemon.metrics.collector import GpuCollector
 from gpudaemon.model import MIB, GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory, Snapshot
+from tests.unit.metrics.test_collector import FULL as COLLECTOR_FULL
 
 MIG = MigDevice("MIG-a", "1g.10gb", 1, 0, 9856 * MIB)
 GPU = GpuInfo(
     0, "GPU-0", "NVIDIA A100", 40 * 1024 * MIB, (8, 0), mig_enabled=True, mig_devices=(MIG,)
 )
-FULL = GpuSample(
-    index=0,
-    uuid="GPU-0",
+# Every reading set (the collector tests' sample), unhealthy, with one MIG instance.
+FULL = dataclasses.replace(
+    COLLECTOR_FULL,
     healthy=False,
     health_reason="xid 79",
-    lost=False,
-    gpu_utilization_ratio=0.5,
-    memory_utilization_ratio=0.25,
-    memory_used_bytes=3 * MIB,
-    memory_free_bytes=5 * MIB,
-    memory_total_bytes=8 * MIB,
-    temperature_celsius=41.5,
-    power_watts=300.25,
-    energy_joules_total=1234.5,
-    sm_clock_hertz=1.98e9,
-    memory_clock_hertz=2.6e9,
-    ecc_corrected_errors_total=3,
-    ecc_uncorrected_errors_total=1,
-    process_count=2,
-    xid_errors_total={79: 2, 13: 1},
     mig=(MigSample("MIG-a", memory_used_bytes=7 * MIB, memory_total_bytes=9856 * MIB),),
 )
 # Not readings: identity (tags/labels), the human-readable reason, the MIG readings
