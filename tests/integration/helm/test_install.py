@@ -198,3 +198,53 @@ def test_objects_applied_before_the_chart_are_adopted_as_docs_upgrade_says(
     assert run_helm(helm, "uninstall", rel, "-n", ns, kubeconfig=cluster.kubeconfig).returncode == 0
     for doc in by_hand:
         assert cluster.get(f"{paths[doc['kind']]}/{doc['metadata']['name']}") is None, doc["kind"]
+
+
+def test_without_the_pod_resources_mount_every_pod_meets_the_restricted_standard(
+    helm: str, cluster: Cluster
+) -> None:
+    """docs/security.md: the agent's only hostPath is the pod-resources directory. With
+    it switched off, the real PodSecurity admission of a namespace enforcing
+    `restricted` admits the agent, extender and scheduler pods; with it on, the agent's
+    pods are refused there (and need a namespace that allows hostPath)."""
+    for rel, extra in (("pss", ["--set", "agent.podResources.enabled=false"]), ("pss-default", [])):
+        ns = f"gpudaemon-{rel}"
+        cluster.request(
+            "POST",
+            "/api/v1/namespaces",
+            body={
+                "metadata": {
+                    "name": ns,
+                    "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
+                }
+            },
+        )
+        proc = run_helm(
+            helm, "install", rel, str(CHART), "-n", ns, *extra, kubeconfig=cluster.kubeconfig
+        )
+        assert proc.returncode == 0, proc.stderr
+
+    def components(ns: str) -> set[str]:
+        pods = cluster.items(f"/api/v1/namespaces/{ns}/pods")
+        return {p["metadata"]["labels"]["app.kubernetes.io/component"] for p in pods}
+
+    cluster.wait(
+        lambda: components("gpudaemon-pss") == {"agent", "extender", "scheduler"},
+        "agent, extender and scheduler pods admitted under 'restricted'",
+    )
+    agents = cluster.items(
+        "/api/v1/namespaces/gpudaemon-pss/pods", "app.kubernetes.io/component=agent"
+    )
+    assert len(agents) == len(GPU_NODES)
+
+    def refused() -> list[str]:
+        events = cluster.items("/api/v1/namespaces/gpudaemon-pss-default/events")
+        return [
+            e["message"]
+            for e in events
+            if e["reason"] == "FailedCreate" and e["involvedObject"]["kind"] == "DaemonSet"
+        ]
+
+    messages = cluster.wait(refused, "the DaemonSet's pods refused under 'restricted'")
+    assert 'volume "pod-resources" uses restricted volume type "hostPath"' in messages[0]
+    assert components("gpudaemon-pss-default") == {"extender", "scheduler"}
