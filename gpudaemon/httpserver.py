@@ -6,8 +6,9 @@ and a fixed pool of `threads` runs the WSGI app. The stdlib servers hold a threa
 connection (unbounded, or a bounded pool that idle connections can starve). Tuned here:
 listen backlog 1024 (Python's default is 5), idle connections closed after
 `idle_timeout_s`, request bodies over `max_body_bytes` refused with 413 before they are
-read, poll() instead of select() so that more than 1,024 sockets work, and bodies kept in
-memory up to the limit (waitress would otherwise spill bodies over 512 KiB to a temp file).
+read, poll() instead of select() so that more than 1,024 sockets work, and request bodies
+(up to the limit) and answers (up to 16 MiB) kept in memory: waitress would otherwise
+spill anything over 512 KiB / 1 MiB to a temp file.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class HttpServer:
                 f"{name}: threads and max_connections must be >= 1, max_body_bytes >= 0 "
                 "and idle_timeout_s > 0"
             )
-        self._app = app
+        self.app = app
         self._threads = threads
         self._idle_s = max(1, math.ceil(idle_timeout_s))
         self._max_body = max_body_bytes
@@ -133,7 +134,7 @@ class HttpServer:
             sock = _bind(self._host, self._port, self.listen, self._what)
             self.port = sock.getsockname()[1]
             server = create_server(
-                self._app,
+                self.app,
                 map=self._map,
                 sockets=[sock],
                 threads=self._threads,
@@ -141,9 +142,11 @@ class HttpServer:
                 connection_limit=self._max_conns,
                 channel_timeout=self._idle_s,
                 cleanup_interval=max(1, self._idle_s // 2),
-                max_request_body_size=self._max_body,
+                max_request_body_size=self._max_body + 1,  # waitress refuses ">= limit"
                 inbuf_overflow=max(self._max_body, 1 << 19),
                 asyncore_use_poll=True,
+                recv_bytes=1 << 16,  # 8 KiB by default: a 1 MiB body took 128 loop turns
+                outbuf_overflow=1 << 24,  # answers up to 16 MiB stay in memory
                 clear_untrusted_proxy_headers=False,
                 ident="gpudaemon",
             )

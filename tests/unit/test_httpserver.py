@@ -135,6 +135,14 @@ def test_413_is_sent_from_the_headers_without_reading_the_body(server: HttpServe
         assert s.recv(100).startswith(b"HTTP/1.1 413 ")
 
 
+def test_a_chunked_body_over_the_limit_gets_413(server: HttpServer) -> None:
+    """No Content-Length to check up front: the limit holds while the body arrives."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        s.sendall(b"".join(b"64\r\n" + b"y" * 100 + b"\r\n" for _ in range(11)))
+        assert s.recv(100).startswith(b"HTTP/1.1 413 ")
+
+
 def test_an_app_error_is_a_500_without_a_traceback_and_the_server_goes_on(
     server: HttpServer,
 ) -> None:
