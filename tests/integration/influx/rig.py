@@ -16,8 +16,9 @@ from gpudaemon.config import load_config
 from gpudaemon.history.transport import Transport
 from gpudaemon.history.writer import InfluxWriter
 from gpudaemon.labels.outputs import StdoutSink
+from tests.clock import T0 as T0
+from tests.clock import FakeClock
 
-T0 = 1_700_000_000.0  # 2023-11-14: a fixed, realistic start for the injected clock
 PERIOD = 10.0
 # Fields the simulated dgx-h100 always reports, plus those the writer always adds.
 ALWAYS = {r.influx_field for r in catalogue.rows("gpu") if not r.label} | {
@@ -26,12 +27,7 @@ ALWAYS = {r.influx_field for r in catalogue.rows("gpu") if not r.label} | {
 }
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = T0
-
-    def __call__(self) -> float:
-        return self.t
+Clock = FakeClock  # the shared test clock (tests/clock.py); starts at T0
 
 
 class Recording:

@@ -17,6 +17,7 @@ from gpudaemon.config import Config, load_config
 from gpudaemon.errors import BackendError
 from gpudaemon.labels.outputs import NullSink
 from gpudaemon.model import GpuSample, NodeInventory
+from tests.clock import FakeClock
 from tests.support import http_get
 
 
@@ -50,14 +51,6 @@ class GuardedBackend:
         pass
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _cfg(**metrics: Any) -> Config:
     return load_config(
         environ={},
@@ -69,8 +62,8 @@ def _cfg(**metrics: Any) -> Config:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock(1_000_000.0)
 
 
 @pytest.fixture
@@ -79,7 +72,7 @@ def backend() -> GuardedBackend:
 
 
 @pytest.fixture
-def agent(backend: GuardedBackend, clock: Clock) -> Iterator[Agent]:
+def agent(backend: GuardedBackend, clock: FakeClock) -> Iterator[Agent]:
     a = Agent(
         _cfg(stale_after_seconds=30),
         backend=backend,
@@ -107,7 +100,7 @@ def test_readyz_is_not_ready_before_the_first_poll(url: str) -> None:
 
 
 def test_readyz_turns_ready_after_the_first_poll_and_not_ready_when_stale(
-    agent: Agent, url: str, clock: Clock
+    agent: Agent, url: str, clock: FakeClock
 ) -> None:
     assert agent.poll_telemetry()
     assert http_get(url + "/readyz")[0] == 200
