@@ -62,9 +62,12 @@ def parse_listen(listen: str | tuple[str, int], what: str) -> tuple[str, int]:
 
 def _bind(host: str, port: int, listen: str, what: str) -> socket.socket:
     try:
-        family, kind, proto, _, addr = socket.getaddrinfo(
+        infos = socket.getaddrinfo(
             host, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
-        )[0]
+        )
+        # A name with both (localhost) binds its IPv4 address, as the stdlib server did;
+        # "[::]:port" listens on both families (Linux's default bindv6only=0).
+        family, kind, proto, _, addr = min(infos, key=lambda i: i[0] != socket.AF_INET)
     except (socket.gaierror, UnicodeError) as e:
         reason = e.strerror if isinstance(e, socket.gaierror) else str(e)
         raise UsageError(f"{what}: cannot listen on {listen}: {reason}") from None

@@ -106,6 +106,15 @@ def test_port_zero_binds_a_free_port_and_serves(server: HttpServer) -> None:
     assert request(server.port, "POST", "/x", b'{"a": 1}') == (200, b'{"a": 1}')
 
 
+def test_a_host_name_binds_its_ipv4_address_as_before() -> None:
+    srv = HttpServer("localhost:0", echo, name="test")
+    srv.start()
+    try:
+        assert request(srv.port, path="/four") == (200, b"/four")
+    finally:
+        srv.stop()
+
+
 def test_ipv6_loopback() -> None:
     if not socket.has_ipv6:
         pytest.skip("no IPv6 in this kernel")
