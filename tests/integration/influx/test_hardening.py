@@ -171,6 +171,8 @@ def test_lines_influxdb_refuses_cost_only_themselves_and_are_counted_once(
             lines[3] = f"{head} {fields} {ts}"
         elif how == "garbage":  # not line protocol at all
             lines[3] = "gpu,gpu=3 this is not a point"
+        elif how == "torn":  # what a short write padded with NUL bytes leaves
+            lines[3] = lines[3][:40] + "\x00" * 20
         return lines
 
     monkeypatch.setattr(writer_mod, "lines_for", spoiled)
@@ -183,16 +185,17 @@ def test_lines_influxdb_refuses_cost_only_themselves_and_are_counted_once(
     assert rig.metric("gpudaemon_influxdb_points_written_total") == 22
     assert dropped(rig, "rejected") == 2
     influxd.stop()
+    spoil["how"] = "torn"
+    rig.cycle()  # spooled with a damaged line in it
     spoil["how"] = "garbage"
-    rig.cycle()  # spooled with a bad line in it
-    rig.cycle()
+    rig.cycle()  # and one InfluxDB cannot parse
     influxd.start()
     rig.cycle()
     rig.close()
 
-    assert dropped(rig, "rejected") == 2
     assert dropped(rig, "invalid") == 1  # skipped on replay, the rest of its batch sent
-    assert rig.metric("gpudaemon_influxdb_points_written_total") == 22 + 7 + 8 + 8
+    assert dropped(rig, "rejected") == 3  # refused on replay, the rest of its batch stored
+    assert rig.metric("gpudaemon_influxdb_points_written_total") == 22 + 7 + 7 + 8
     assert_every_point_counted_once(rig, influxd, influx_db)
 
 
