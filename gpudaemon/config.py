@@ -6,6 +6,7 @@ names the key. Each field's comment says why its default is what it is.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -34,6 +36,7 @@ from gpudaemon.errors import ConfigError, UsageError
 from gpudaemon.kube.client import SA_TOKEN
 from gpudaemon.labels.sanitize import validate_prefix
 from gpudaemon.schedule import CronError, parse_cron
+from gpudaemon.textfile import MIB, check_regular_file, read_text_file
 
 ENV_PREFIX = "GPUDAEMON_"
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -60,10 +63,71 @@ def _not_bool(v: Any) -> Any:
     return v
 
 
+def _not_bool_number(v: Any) -> Any:
+    if isinstance(v, bool):
+        raise ValueError("expected a number, got a boolean")
+    return v
+
+
+def _not_number(v: Any) -> Any:
+    # YAML `1` is not a switch; "true" from an environment variable is.
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        raise ValueError("expected true or false, got a number")
+    return v
+
+
+def _check_labels_to(v: str) -> str:
+    """A word, or a file path; a typo of a word ("apiservr") must not become a file."""
+    if v in LABEL_OUTPUTS or "/" in v:
+        return v
+    raise ValueError(
+        f"{v!r} is not one of {', '.join(LABEL_OUTPUTS)}, nor a file path "
+        "(a path contains '/': ./labels.json, /var/run/labels.json)"
+    )
+
+
+_HOST = re.compile(
+    r"(?:[A-Za-z0-9](?:[-A-Za-z0-9]{0,61}[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*\.?"
+)
+
+
+def _check_influx_url(v: str) -> str:
+    """Empty (history off) or http(s)://host[:port][/path]: anything else would fail on
+    every write at run time while the agent looked healthy."""
+    if not v:
+        return v
+    try:
+        u = urlsplit(v)
+        port = u.port  # ValueError when not a number in 0..65535
+    except ValueError as e:
+        raise ValueError(f"{v!r}: {e}") from None
+    if u.scheme not in ("http", "https"):
+        raise ValueError(f"{v!r}: the scheme must be http:// or https://")
+    host = u.hostname or ""
+    if u.netloc.startswith("[") or ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{v!r}: {host!r} is not a valid IPv6 address") from None
+    elif not host or len(host) > 253 or not _HOST.fullmatch(host):
+        raise ValueError(f"{v!r}: {host!r} is not a valid host name or address")
+    if port == 0 or (u.netloc.endswith(":") and port is None):
+        raise ValueError(f"{v!r}: the port must be 1..65535")
+    if u.query or u.fragment:
+        raise ValueError(f"{v!r}: no query or fragment (the agent adds /api/v2/write?...)")
+    return v
+
+
 # "host:port", "[v6]:port" or ":port": the one listen-address type (agent and extender).
 ListenAddress = Annotated[str, AfterValidator(_check_listen)]
 # A whole number: 50 or "50" (environment variables are strings), not 1.5 or true.
 WholeNumber = Annotated[int, BeforeValidator(_not_bool)]
+# A finite number: 2.5 or "2.5", not true, .inf or .nan. Every one also has bounds
+# below, so nothing accepted here can overflow where it is used (a 1e12 s timeout did).
+Number = Annotated[float, BeforeValidator(_not_bool_number), Field(allow_inf_nan=False)]
+# A switch: true/false (or "true" from the environment), not 1 or 0.
+Switch = Annotated[bool, BeforeValidator(_not_number)]
+LABEL_OUTPUTS = ("apiserver", "stdout", "nfd", "none")
 
 
 class Schedules(_Section):
@@ -93,7 +157,7 @@ class LabelsConfig(_Section):
     prefix: str = "gpudaemon.io/"
     # apiserver | stdout | nfd | none | a file path. With no Kubernetes credentials,
     # "apiserver" falls back to stdout so a laptop run still shows the labels.
-    to: Annotated[str, Field(min_length=1)] = "apiserver"
+    to: Annotated[str, Field(min_length=1), AfterValidator(_check_labels_to)] = "apiserver"
     # NFD's local source reads feature files from here (mounted from the host).
     nfd_path: str = "/etc/kubernetes/node-feature-discovery/features.d/gpudaemon"
 
@@ -107,13 +171,13 @@ class MetricsConfig(_Section):
     listen: ListenAddress = "0.0.0.0:9445"
     # /readyz turns not-ready when the newest reading is older than this: three
     # missed 5 s telemetry polls plus scheduling slack.
-    stale_after_seconds: Annotated[float, Field(gt=0)] = 30.0
+    stale_after_seconds: Annotated[Number, Field(gt=0, le=86400)] = 30.0
     # The kubelet pod-resources socket; a missing file means no pod labels. Empty: off.
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 class InfluxConfig(_Section):
-    url: str = ""  # empty: history is off
+    url: Annotated[str, AfterValidator(_check_influx_url)] = ""  # empty: history is off
     org: str = ""
     bucket: str = ""
     token_file: str = ""
@@ -121,11 +185,11 @@ class InfluxConfig(_Section):
     token: SecretStr = SecretStr("")
     spool_dir: str = ""  # empty: /var/lib/gpudaemon/spool when history is on
     # 256 MiB holds about a week of 8-GPU history at 10 s resolution.
-    spool_max_bytes: Annotated[WholeNumber, Field(gt=0)] = 268_435_456
-    timeout_ms: Annotated[WholeNumber, Field(gt=0)] = 5_000
+    spool_max_bytes: Annotated[WholeNumber, Field(gt=0, le=1 << 40)] = 268_435_456
+    timeout_ms: Annotated[WholeNumber, Field(gt=0, le=600_000)] = 5_000
     # On SIGTERM, replay the spool for at most this long (plus one timeout_ms): well
     # inside Kubernetes' default 30 s grace period; the rest stays on disk.
-    shutdown_flush_seconds: Annotated[float, Field(ge=0)] = 10.0
+    shutdown_flush_seconds: Annotated[Number, Field(ge=0, le=3600)] = 10.0
 
 
 class KubernetesConfig(_Section):
@@ -134,7 +198,7 @@ class KubernetesConfig(_Section):
     kubeconfig: str = ""
     # None: in a cluster when $KUBERNETES_SERVICE_HOST is set and the service-account
     # token is mounted (resolved when the config is loaded).
-    in_cluster: bool | None = None
+    in_cluster: Switch | None = None
     # Written into the Lease as `<this>/<pid>`. Empty: $POD_NAME, then the hostname.
     holder_identity: str = ""
     # Stale after this; renewed every third of it (`kube.lease.renew_period_s`). 6 min
@@ -143,15 +207,15 @@ class KubernetesConfig(_Section):
     lease_duration_seconds: Annotated[WholeNumber, Field(ge=10, le=86400)] = 360
     lease_namespace: str = "gpudaemon"
     # Backoff cap after API errors: bounds recovery time without hammering a sick server.
-    backoff_max_seconds: Annotated[float, Field(gt=0)] = 60.0
+    backoff_max_seconds: Annotated[Number, Field(gt=0, le=3600)] = 60.0
     # Per-request read timeout: a hung API server must never hold a job for long.
-    request_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
+    request_timeout_seconds: Annotated[Number, Field(gt=0, le=600)] = 10.0
     # Connect timeout: a dead server refuses at once; a black-holed one should not
     # hold a job for long.
-    connect_timeout_seconds: Annotated[float, Field(gt=0)] = 3.0
+    connect_timeout_seconds: Annotated[Number, Field(gt=0, le=600)] = 3.0
     # Re-read the Node this often to repair drift (someone removed our label);
     # a read, not a write, so it costs the API server little.
-    resync_seconds: Annotated[float, Field(gt=0)] = 600.0
+    resync_seconds: Annotated[Number, Field(gt=0, le=7 * 86400)] = 600.0
 
 
 class TypicalPod(_Section):
@@ -162,7 +226,7 @@ class TypicalPod(_Section):
     cpu_milli: Annotated[WholeNumber, Field(ge=0, le=10**7)] = 0
     memory_mib: Annotated[WholeNumber, Field(ge=0, le=10**9)] = 0
     gpu_models: list[str] = []
-    weight: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = 1.0
+    weight: Annotated[Number, Field(gt=0, le=1e6)] = 1.0
 
 
 class ExtenderConfig(_Section):
@@ -171,17 +235,17 @@ class ExtenderConfig(_Section):
     policy: Literal["binpack", "spread", "fragmentation"] = "binpack"
     # Weight of measured utilization as the tie-break within a policy. Below 1, so it
     # only orders nodes the GPU arithmetic leaves equal.
-    utilization_weight: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.5
+    utilization_weight: Annotated[Number, Field(ge=0, lt=1)] = 0.5
     # A node with a lost or XID-failed GPU takes no new GPU pods: it will likely be
     # drained and rebooted, and a pod landing there now would be killed with it.
-    avoid_unhealthy_nodes: bool = True
+    avoid_unhealthy_nodes: Switch = True
     # How long a pod ranked best for a node is counted there before its binding shows
     # up in the watch. Longer than any bind; short enough that a pod that went elsewhere
     # unseen does not hide capacity for long.
-    assume_ttl_seconds: Annotated[float, Field(ge=1, le=600, allow_inf_nan=False)] = 30.0
+    assume_ttl_seconds: Annotated[Number, Field(ge=1, le=600)] = 30.0
     # HAMi style: /filter returns only the node the policy ranks best, so in-tree
     # scores cannot overrule the packing decision. Off: the scheduler combines scores.
-    filter_picks_best: bool = False
+    filter_picks_best: Switch = False
     # Requests larger than this are refused with 413 (5,000 Node objects are ~20 MiB
     # without nodeCacheCapable; with it, 5,000 names are ~100 KiB).
     max_body_bytes: Annotated[WholeNumber, Field(ge=1024, le=1 << 30)] = 64 << 20
@@ -195,7 +259,7 @@ class ExtenderConfig(_Section):
 
 class LoggingConfig(_Section):
     level: Literal["TRACE", "DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    json_: bool = Field(False, alias="json")
+    json_: Switch = Field(False, alias="json")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -210,7 +274,7 @@ class Config(_Section):
     # (resolved when the config is loaded).
     node_name: str = ""
     simulate: str | None = None  # absent: real NVML
-    simulate_seed: WholeNumber | None = None
+    simulate_seed: Annotated[WholeNumber, Field(ge=0, le=2**64 - 1)] | None = None
     schedules: Schedules = Schedules()
     labels: LabelsConfig = LabelsConfig()
     metrics: MetricsConfig = MetricsConfig()
@@ -236,6 +300,22 @@ class Config(_Section):
     def _history_timeout(self) -> Config:
         if self.influxdb.url:
             check_history_timeout(self.influxdb.timeout_ms, self.schedules.history)
+            if self.influxdb.token_file and not self.influxdb.token.get_secret_value():
+                try:  # a FIFO, /dev/zero or a missing file: now, in one line
+                    self.influx_token()
+                except UsageError as e:
+                    raise ValueError(str(e)) from None
+        return self
+
+    @model_validator(mode="after")
+    def _kubeconfig_is_a_file(self) -> Config:
+        # The kubernetes library opens it later; /dev/zero or a FIFO would hang there.
+        # (A missing one is reported when the API server sink starts, as before.)
+        if self.kubernetes.kubeconfig and os.path.exists(self.kubernetes.kubeconfig):
+            try:
+                check_regular_file(self.kubernetes.kubeconfig, "kubernetes.kubeconfig", 16 * MIB)
+            except UsageError as e:
+                raise ValueError(str(e)) from None
         return self
 
     def influx_token(self) -> str:
@@ -243,12 +323,8 @@ class Config(_Section):
         if self.influxdb.token.get_secret_value():
             return self.influxdb.token.get_secret_value()
         if self.influxdb.token_file:
-            try:
-                return Path(self.influxdb.token_file).read_text().strip()
-            except OSError as e:
-                raise ConfigError(
-                    f"influxdb.token_file: cannot read {self.influxdb.token_file}: {e.strerror}"
-                ) from None
+            path = self.influxdb.token_file
+            return read_text_file(path, "influxdb.token_file", 64 * 1024, ConfigError).strip()
         return ""
 
 
@@ -347,12 +423,9 @@ def load_config(
 ) -> Config:
     data: dict[str, Any] = {}
     if path:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"config file {path}: {e.strerror or e}") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"config file {path}: not a UTF-8 text file") from None
+        # Only a regular file, at most 1 MiB: /dev/zero, a FIFO or /dev/stdin on a pipe
+        # or terminal are one line and exit 2, not a hang or a MemoryError.
+        text = read_text_file(path, "config file", MIB, ConfigError)
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as e:

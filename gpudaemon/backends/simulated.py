@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -33,6 +34,7 @@ from pydantic import (
 from gpudaemon.backends.base import health_reason, is_critical_xid, lost_sample
 from gpudaemon.errors import ProfileError
 from gpudaemon.model import MIB, GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
+from gpudaemon.textfile import read_text_file
 
 BUILTIN_PROFILES = ("dgx-h100", "a100-mig", "mixed")
 _GPU_UUID = re.compile(r"GPU-[0-9A-Fa-f]{8}(-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}")
@@ -57,16 +59,27 @@ _MIG_MEMORY_MIB = {
 }
 
 
+def _not_bool(v: Any) -> Any:
+    if isinstance(v, bool):
+        raise ValueError("expected a number, got a boolean")
+    return v
+
+
+# Finite, bounded numbers (an .inf wattage would put Infinity into the annotation's JSON).
+Number = Annotated[float, BeforeValidator(_not_bool), Field(allow_inf_nan=False)]
+Count = Annotated[int, BeforeValidator(_not_bool), Field(le=10**12)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class UtilizationSpec(_Strict):
     pattern: Literal["steady", "sine", "idle", "busy", "random-walk"] = "steady"
-    mean: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
-    amplitude: Annotated[float, Field(ge=0.0, le=1.0)] = 0.2
-    period_s: Annotated[float, Field(gt=0)] = 300.0
-    noise: Annotated[float, Field(ge=0.0, le=1.0)] = 0.05
+    mean: Annotated[Number, Field(ge=0.0, le=1.0)] = 0.5
+    amplitude: Annotated[Number, Field(ge=0.0, le=1.0)] = 0.2
+    period_s: Annotated[Number, Field(gt=0, le=1e9)] = 300.0
+    noise: Annotated[Number, Field(ge=0.0, le=1.0)] = 0.05
 
     @model_validator(mode="after")
     def _no_ignored_fields(self) -> UtilizationSpec:
@@ -95,11 +108,11 @@ class FaultSpec(_Strict):
     kind: Literal["xid", "lost", "ecc"]
     gpu: int | None = None  # node-level faults name the GPU index
     xid: Annotated[int, Field(ge=1, le=1_000_000)] = 79
-    count: Annotated[int, Field(ge=1)] = 1
-    corrected: Annotated[int, Field(ge=0)] = 0
-    uncorrected: Annotated[int, Field(ge=0)] = 0
-    after_s: Annotated[float, Field(ge=0)] = 0.0
-    after_polls: Annotated[int, Field(ge=0)] = 0
+    count: Annotated[Count, Field(ge=1)] = 1
+    corrected: Annotated[Count, Field(ge=0)] = 0
+    uncorrected: Annotated[Count, Field(ge=0)] = 0
+    after_s: Annotated[Number, Field(ge=0, le=1e9)] = 0.0
+    after_polls: Annotated[Count, Field(ge=0)] = 0
 
     @model_validator(mode="after")
     def _fields_of_its_kind(self) -> FaultSpec:
@@ -137,14 +150,14 @@ class MigSpec(_Strict):
 
 class GpuSpec(_Strict):
     name: Annotated[str, Field(min_length=1)]
-    memory_total_mib: Annotated[int, Field(gt=0)]
+    memory_total_mib: Annotated[int, Field(gt=0, le=1 << 30), BeforeValidator(_not_bool)]
     compute_capability: str
     uuid: str | None = None
     count: Annotated[int, Field(ge=1, le=1024)] = 1
-    nvlink_links: int | None = None
-    power_max_watts: Annotated[float, Field(gt=0)] = 300.0
-    sm_clock_max_mhz: Annotated[float, Field(gt=0)] = 1980.0
-    memory_clock_mhz: Annotated[float, Field(gt=0)] = 2619.0
+    nvlink_links: Annotated[int, Field(ge=0, le=1024), BeforeValidator(_not_bool)] | None = None
+    power_max_watts: Annotated[Number, Field(gt=0, le=1e5)] = 300.0
+    sm_clock_max_mhz: Annotated[Number, Field(gt=0, le=1e5)] = 1980.0
+    memory_clock_mhz: Annotated[Number, Field(gt=0, le=1e5)] = 2619.0
     ecc: bool = True  # False: ECC unsupported, so its fields are absent
     utilization: UtilizationSpec = UtilizationSpec()
     mig: MigSpec = MigSpec(capable=False)
@@ -184,7 +197,7 @@ class GpuSpec(_Strict):
 class Profile(_Strict):
     driver_version: str = "550.54.15"
     cuda_version: str = "12.4"
-    seed: int | None = None
+    seed: Annotated[int, Field(ge=0, le=2**64 - 1), BeforeValidator(_not_bool)] | None = None
     gpus: Annotated[tuple[GpuSpec, ...], Field(min_length=1)]
     faults: tuple[FaultSpec, ...] = ()
     source: str = "inline"
@@ -232,17 +245,13 @@ def load_profile(name_or_path: str) -> Profile:
         source = name_or_path
     else:
         path = Path(name_or_path)
-        if not path.is_file():
+        if not path.exists():
             raise ProfileError(
                 f"unknown simulation profile {name_or_path!r}: not a built-in "
                 f"({', '.join(BUILTIN_PROFILES)}) and no such file"
             )
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as e:
-            raise ProfileError(f"cannot read profile {path}: {e.strerror}") from None
-        except UnicodeDecodeError:
-            raise ProfileError(f"profile {path}: not a UTF-8 text file") from None
+        # Only a regular file of at most 1 MiB (not /dev/zero, a FIFO or a terminal).
+        text = read_text_file(str(path), "profile", MIB, ProfileError)
         source = str(path)
     return parse_profile(text, source)
 
