@@ -146,7 +146,7 @@ def _open_own(path: Path, flags: int) -> int:
             raise SpoolError(
                 f"spool {path}: is a symbolic link; the spool only opens its own regular "
                 "files: move it away",
-                "is a symbolic link",
+                f"{path.name} is a symbolic link",
             ) from None
         raise _error(path, e) from None
     problem = _not_ours(os.fstat(fd))
@@ -154,7 +154,7 @@ def _open_own(path: Path, flags: int) -> int:
         os.close(fd)
         raise SpoolError(
             f"spool {path}: {problem}; the spool only opens its own regular files: move it away",
-            problem,
+            f"{path.name} {problem}",
         )
     return fd
 
@@ -251,7 +251,7 @@ class Spool:
         if app_id != _APPLICATION_ID and tables:
             raise SpoolError(
                 f"spool {self.path}: is not a gpudaemon spool; move it away",
-                "not a gpudaemon spool",
+                f"{DB_NAME} is not a gpudaemon spool",
             )
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")  # fsync the WAL at every commit
@@ -324,7 +324,7 @@ class Spool:
             try:
                 fd = _open_own(path, os.O_RDONLY)
             except SpoolError as e:
-                self.foreign.append(f"{name} ({e.reason})")
+                self.foreign.append(f"{name} ({e.reason.removeprefix(name + ' ')})")
                 continue
             try:
                 data = _read_at_most(fd, LEGACY_SEGMENT_MAX_BYTES)

@@ -112,6 +112,12 @@ def open_spool(spool_dir: str, max_bytes: int) -> Spool:
         fix = "stop the other agent, or give each agent its own influxdb.spool_dir"
         reason = e.reason
     except SpoolError as e:
+        reason = e.reason
+        if "only opens its own regular files" in str(e) or "not a gpudaemon spool" in reason:
+            raise ConfigError(
+                f"influxdb.spool_dir {spool_dir} is not usable ({reason}): the spool only "
+                "opens its own regular files; move that file away"
+            ) from None
         fix = (
             "mount a writable volume there (emptyDir, or hostPath to survive pod "
             "re-creation) or set influxdb.spool_dir (GPUDAEMON_INFLUXDB__SPOOL_DIR) "
@@ -348,11 +354,13 @@ class InfluxWriter:
             self.metrics.write_errors.labels(e.kind).inc()
             if self._fail_log.allow(e.kind):
                 logger.error(
-                    "InfluxDB write to {} failed ({}): {}; spooling to disk ({} points waiting)",
+                    "InfluxDB write to {} failed ({}): {}; {}",
                     self.url,
                     e.kind,
                     self._scrub(str(e)),
-                    self.spool.waiting,
+                    "not retried: InfluxDB refuses these points"
+                    if e.kind == "rejected"
+                    else f"spooling to disk ({self.spool.waiting} points waiting)",
                 )
             raise
         self.metrics.last_success_timestamp_seconds.set(self._clock())

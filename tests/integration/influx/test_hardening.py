@@ -112,7 +112,7 @@ def test_a_spool_database_that_is_a_symlink_refuses_to_start(
     spool = tmp_path / "spool"
     spool.mkdir()
     (spool / "spool.db").symlink_to(target)
-    with pytest.raises(ConfigError, match=r"is not usable \(is a symbolic link\)"):
+    with pytest.raises(ConfigError, match=r"is not usable \(spool.db is a symbolic link\)"):
         Rig(tmp_path, influxd.url, influx_db, Clock())
     assert target.read_bytes() == b""
 

@@ -510,7 +510,8 @@ def test_spool_database_that_is_not_a_regular_file_is_a_config_error(
         os.mknod(db, stat.S_IFCHR | 0o600, os.makedev(1, 3))
     with pytest.raises(ConfigError) as e:
         InfluxWriter(cfg(tmp_path), CollectorRegistry(), FakeTransport())
-    assert f"influxdb.spool_dir {spool} is not usable (is a" in str(e.value)
+    assert f"influxdb.spool_dir {spool} is not usable (spool.db is a" in str(e.value)
+    assert "move that file away" in str(e.value)
     assert not (tmp_path / "elsewhere").exists()
 
 
