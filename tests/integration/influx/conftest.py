@@ -8,6 +8,7 @@ ignored when it is off.
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 from influxdb_client.client.influxdb_client import InfluxDBClient
+from loguru import logger
 
 from tests.support import free_port, wait_for
 
@@ -181,3 +183,12 @@ def influx_db(influxd: InfluxServer) -> Iterator[str]:
     yield influxd.create_database(f"h_{uuid.uuid4().hex[:10]}")
     if not influxd.running:
         influxd.start()
+
+
+@pytest.fixture
+def logs() -> Iterator[io.StringIO]:
+    """Every log line (TRACE and up) of the test, as "LEVEL message"."""
+    buf = io.StringIO()
+    sink = logger.add(buf, level="TRACE", format="{level} {message}")
+    yield buf
+    logger.remove(sink)

@@ -16,11 +16,9 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from loguru import logger
 from prometheus_client import generate_latest
 
 from gpudaemon.errors import ConfigError
@@ -34,14 +32,6 @@ from tests.integration.influx.tmpfs import fill, resize, small_tmpfs
 pytestmark = pytest.mark.integration
 
 DROP_REASONS = ("overflow", "rejected", "spool_error", "invalid")
-
-
-@pytest.fixture
-def logs() -> Iterator[io.StringIO]:
-    buf = io.StringIO()
-    sink = logger.add(buf, level="TRACE", format="{level} {message}")
-    yield buf
-    logger.remove(sink)
 
 
 def ms(t: float) -> int:

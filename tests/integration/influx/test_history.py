@@ -8,24 +8,14 @@ from __future__ import annotations
 import io
 import socket
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from loguru import logger
 
 from tests.integration.influx.conftest import InfluxServer
 from tests.integration.influx.rig import ALWAYS, Clock, Rig
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def logs() -> Iterator[io.StringIO]:
-    buf = io.StringIO()
-    sink = logger.add(buf, level="INFO", format="{level} {message}")
-    yield buf
-    logger.remove(sink)
 
 
 def ms(t: float) -> int:
