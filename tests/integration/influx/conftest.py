@@ -76,7 +76,7 @@ class InfluxServer:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        wait_for(self._ping, timeout=30, what=f"influxd on {self.url} (log: {self.log})")
+        wait_for(self._ping, timeout=90, what=f"influxd on {self.url} (log: {self.log})")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
