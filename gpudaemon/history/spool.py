@@ -161,8 +161,8 @@ def _open_own(path: Path, flags: int) -> int:
 
 @dataclass
 class Chunk:
-    """The oldest spooled points, for one request: `lines` are valid line protocol;
-    `invalid` rows were not and are dropped when the chunk is acknowledged."""
+    """The oldest spooled points, for one request: `lines` look undamaged; `invalid`
+    rows did not and are dropped when the chunk is acknowledged."""
 
     last_id: int
     lines: list[bytes] = field(default_factory=list)
