@@ -133,3 +133,25 @@ def test_a_missing_node_is_one_line_when_it_goes_and_one_when_it_is_back(
     assert "labels written after" in ours[2][1]
     assert fake.leases[-1]["owner"]["uid"] == "u-2"
     agent.close()
+
+
+def test_a_lease_outage_is_one_line_when_it_starts_and_one_when_it_ends(
+    lines: list[tuple[str, str]],
+) -> None:
+    from gpudaemon.errors import KubeError, KubeUnavailableError
+
+    sink, fake, clock = recreatable_sink()
+    sink.apply(ls())
+    lines.clear()
+    fake.fail = KubeUnavailableError("connection refused")
+    for _ in range(5):
+        clock.t += 120
+        with pytest.raises(KubeError) as e:
+            sink.heartbeat()
+        assert e.value.reported  # logged here once: the job wrapper only counts it
+    fake.fail = None
+    assert sink.heartbeat() is True
+    assert sink.heartbeat() is True
+    assert [lvl for lvl, _ in lines] == ["WARNING", "INFO"], lines
+    assert "lease not renewed" in lines[0][1] and "connection refused" in lines[0][1]
+    assert lines[1][1] == "node n1: lease renewed again"
