@@ -173,6 +173,7 @@ class NodeLabelSink:
                     self._written(desired, now, "unchanged")
                     return False
             result = self.client.apply_node(self.node, desired["labels"], desired["annotations"])
+            self._same_node(result)  # a change written to a re-created Node: say so
             self._node_uid = _uid(result) or self._node_uid
         except KubeError as e:
             self._applied = None
@@ -219,9 +220,10 @@ class NodeLabelSink:
         self._ok(now, result)
         if self._label_log.forget():
             logger.info("node {}: labels written after {} failed attempt(s)", self.node, failures)
-        if self._lease_uid is not None and self._lease_uid != self._node_uid:
+        if self._lease_uid not in (None, self._node_uid) and self.fresh():
             # The Lease names another Node (re-created): re-own it now, not at the
-            # next renewal, so readers trust the new labels within this reconcile.
+            # next renewal, so readers trust the new labels within this reconcile
+            # (only while the data is fresh, as for every renewal).
             with contextlib.suppress(KubeError):  # logged; the lease job retries
                 self._renew()
 

@@ -155,3 +155,32 @@ def test_a_lease_outage_is_one_line_when_it_starts_and_one_when_it_ends(
     assert [lvl for lvl, _ in lines] == ["WARNING", "INFO"], lines
     assert "lease not renewed" in lines[0][1] and "connection refused" in lines[0][1]
     assert lines[1][1] == "node n1: lease renewed again"
+
+
+def test_a_recreated_node_is_not_vouched_for_while_the_data_is_stale() -> None:
+    sink, fake, clock = recreatable_sink()
+    fresh = [True]
+    sink.set_freshness(lambda: fresh[0])
+    sink.apply(ls())
+    sink.heartbeat()
+    fake.recreate("u-2")
+    fresh[0] = False  # NVML stuck: the labels may be written, the Lease not renewed
+    clock.t += 30
+    n = len(fake.leases)
+    assert sink.apply(ls()) is True
+    assert len(fake.leases) == n and sink.heartbeat() is False
+    fresh[0] = True
+    assert sink.heartbeat() is True and fake.leases[-1]["owner"]["uid"] == "u-2"
+
+
+def test_a_change_written_to_a_recreated_node_re_owns_the_lease(
+    lines: list[tuple[str, str]],
+) -> None:
+    sink, fake, clock = recreatable_sink()
+    sink.apply(ls())
+    sink.heartbeat()
+    fake.recreate("u-2")
+    clock.t += 30
+    assert sink.apply(ls(count=7)) is True  # a real change, written straight away
+    assert fake.leases[-1]["owner"]["uid"] == "u-2"
+    assert sum("re-created (uid u-1 -> u-2)" in m for _, m in lines) == 1
