@@ -10,7 +10,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
@@ -78,3 +78,56 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> int:
             proc.kill()
             proc.wait()
     return proc.returncode
+
+
+class CliResult(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args: str) -> CliResult:
+    """`gpudaemon <args>` in this process (cli.main), with its stdout, stderr and exit
+    code: an interpreter start costs more than most CLI cases themselves. The process's
+    environment is what the command sees (use monkeypatch to change it)."""
+    import contextlib
+    import io
+    import signal
+
+    from gpudaemon import cli
+    from gpudaemon.logsetup import setup_logging
+
+    out, err = io.StringIO(), io.StringIO()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = cli.main(list(args))
+            except SystemExit as e:  # argparse
+                rc = e.code if isinstance(e.code, int) else 2
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        setup_logging("WARNING")  # back to this process's stderr, not the buffer
+    return CliResult(rc, out.getvalue(), err.getvalue())
+
+
+def cli_process(
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: Path = REPO,
+    stdin: Any = subprocess.DEVNULL,
+    timeout: float = 60,
+) -> CliResult:
+    """`gpudaemon <args>` as a real subprocess (for exit codes and the stderr a user
+    sees); a hang is a failure after `timeout`, not a stuck test run."""
+    p = subprocess.run(
+        [sys.executable, "-m", "gpudaemon", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        stdin=stdin,
+        env={**os.environ, **(env or {})},
+    )
+    return CliResult(p.returncode, p.stdout, p.stderr)

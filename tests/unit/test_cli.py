@@ -4,27 +4,13 @@ Most cases run `gpudaemon.cli.main` in this process (an interpreter start costs 
 the case itself); `gpudaemon()` keeps a few as real subprocesses, for what only a real
 process shows: argparse's exit, the stderr a user sees, and the log format."""
 
-import contextlib
-import io
 import json
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
-from gpudaemon import cli
-from gpudaemon.logsetup import setup_logging
-from tests.support import REPO
-
-
-class Result(NamedTuple):
-    returncode: int
-    stdout: str
-    stderr: str
+from tests.support import CliResult, cli_process, run_cli
 
 
 @pytest.fixture(autouse=True)
@@ -35,37 +21,9 @@ def no_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def run_cli(*args: str) -> Result:
-    """`gpudaemon <args>` in this process, with its stdout, stderr and exit code."""
-    out, err = io.StringIO(), io.StringIO()
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                rc = cli.main(list(args))
-            except SystemExit as e:  # argparse
-                rc = e.code if isinstance(e.code, int) else 2
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
-        setup_logging("WARNING")  # back to this process's stderr, not the buffer
-    return Result(rc, out.getvalue(), err.getvalue())
-
-
-def gpudaemon(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    """`gpudaemon <args>` as a real subprocess."""
-    import os
-
-    return subprocess.run(
-        [sys.executable, "-m", "gpudaemon", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        env={**os.environ, "KUBECONFIG": "/nonexistent", **(env or {})},
-    )
+def gpudaemon(*args: str, env: dict[str, str] | None = None) -> CliResult:
+    """`gpudaemon <args>` as a real subprocess, outside any cluster."""
+    return cli_process(*args, env={"KUBECONFIG": "/nonexistent", **(env or {})})
 
 
 def test_probe_json_reports_eight_gpus_with_labels_and_annotation() -> None:
