@@ -32,13 +32,15 @@ from pydantic import (
 from pydantic_settings import EnvSettingsSource, SettingsError
 from pydantic_settings.sources.utils import parse_env_vars
 
-from gpudaemon.errors import ConfigError, UsageError
+from gpudaemon.errors import ConfigError, CronError, UsageError
 from gpudaemon.kube.client import SA_TOKEN
-from gpudaemon.labels.sanitize import validate_prefix
-from gpudaemon.schedule import CronError, parse_cron
+from gpudaemon.labels.sanitize import DEFAULT_PREFIX, validate_prefix
+from gpudaemon.schedule import parse_cron
 from gpudaemon.textfile import MIB, check_regular_file, read_text_file
 
 ENV_PREFIX = "GPUDAEMON_"
+# Where history waits while InfluxDB is down (a hostPath or emptyDir in the chart).
+DEFAULT_SPOOL_DIR = "/var/lib/gpudaemon/spool"
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -154,7 +156,7 @@ class Schedules(_Section):
 
 
 class LabelsConfig(_Section):
-    prefix: str = "gpudaemon.io/"
+    prefix: str = DEFAULT_PREFIX
     # apiserver | stdout | nfd | none | a file path. With no Kubernetes credentials,
     # "apiserver" falls back to stdout so a laptop run still shows the labels.
     to: Annotated[str, Field(min_length=1), AfterValidator(_check_labels_to)] = "apiserver"
@@ -183,7 +185,7 @@ class InfluxConfig(_Section):
     token_file: str = ""
     # Only from the environment (GPUDAEMON_INFLUXDB__TOKEN) or the file above; never a flag.
     token: SecretStr = SecretStr("")
-    spool_dir: str = ""  # empty: /var/lib/gpudaemon/spool when history is on
+    spool_dir: str = ""  # empty: DEFAULT_SPOOL_DIR when history is on (set at load)
     # 256 MiB holds about a week of 8-GPU history at 10 s resolution.
     spool_max_bytes: Annotated[WholeNumber, Field(gt=0, le=1 << 40)] = 268_435_456
     timeout_ms: Annotated[WholeNumber, Field(gt=0, le=600_000)] = 5_000
@@ -299,6 +301,8 @@ class Config(_Section):
     @model_validator(mode="after")
     def _history_timeout(self) -> Config:
         if self.influxdb.url:
+            if not self.influxdb.spool_dir:
+                self.influxdb.spool_dir = DEFAULT_SPOOL_DIR
             check_history_timeout(self.influxdb.timeout_ms, self.schedules.history)
             if self.influxdb.token_file and not self.influxdb.token.get_secret_value():
                 try:  # a FIFO, /dev/zero or a missing file: now, in one line

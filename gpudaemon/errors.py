@@ -28,12 +28,21 @@ class ProfileError(UsageError):
     """A simulated-GPU profile is unknown or malformed."""
 
 
+class CronError(ValueError):
+    """A cron expression that does not parse (a ValueError, so config validation
+    reports it against its key)."""
+
+
 class BackendError(GpudaemonError):
     """A GPU backend failed in a way that affects the whole node."""
 
 
 class NvmlUnavailableError(BackendError, UsageError):
     """NVML cannot be loaded (no library, no driver): a usage problem on this host."""
+
+
+class PodResourcesError(GpudaemonError):
+    """The kubelet pod-resources socket is there but List failed."""
 
 
 class SinkError(GpudaemonError):

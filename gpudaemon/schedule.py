@@ -28,13 +28,10 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
 from loguru import logger
 
+from gpudaemon.errors import CronError
 from gpudaemon.logsetup import LogLimiter
 
 _DOW_NAMES = {0: "sun", 1: "mon", 2: "tue", 3: "wed", 4: "thu", 5: "fri", 6: "sat", 7: "sun"}
-
-
-class CronError(ValueError):
-    pass
 
 
 def _dow(field_: str) -> str:

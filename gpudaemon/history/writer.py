@@ -31,7 +31,6 @@ from gpudaemon.logsetup import LogLimiter
 from gpudaemon.model import Snapshot
 from gpudaemon.schedule import parse_cron
 
-DEFAULT_SPOOL_DIR = "/var/lib/gpudaemon/spool"
 ERROR_KINDS = ("unauthorized", "not_found", "rejected", "server", "timeout", "unreachable", "spool")
 DROP_REASONS = ("overflow", "rejected", "spool_error", "invalid")
 # One 10 s cycle of 8 GPUs is ~4 KiB; 4 MiB per cycle drains a day-long outage of
@@ -164,7 +163,7 @@ class InfluxWriter:
         self._spool_ok = True
         self._spool_ops: list[bool] = []  # outcomes of this cycle's spool operations
         self._scrub = Scrubber(ic.url, ic.token.get_secret_value())
-        spool_dir = ic.spool_dir or DEFAULT_SPOOL_DIR
+        spool_dir = ic.spool_dir  # config.py sets the default when history is on
         self.spool = open_spool(spool_dir, ic.spool_max_bytes)
         try:
             token = cfg.influx_token()

@@ -10,7 +10,7 @@ from gpudaemon.labels.driver import DriverLabeler
 from gpudaemon.labels.health import HealthLabeler
 from gpudaemon.labels.inventory import InventoryLabeler
 from gpudaemon.labels.mig import MigLabeler
-from gpudaemon.labels.sanitize import Labels, sanitize_value
+from gpudaemon.labels.sanitize import DEFAULT_PREFIX, Labels, sanitize_value
 from gpudaemon.model import Snapshot
 
 
@@ -28,7 +28,7 @@ class LabelSet:
 class NodeLabeler:
     """Owns the labeler order and the annotator's hysteresis state."""
 
-    def __init__(self, prefix: str = "gpudaemon.io/", q: Quantization | None = None) -> None:
+    def __init__(self, prefix: str = DEFAULT_PREFIX, q: Quantization | None = None) -> None:
         self.prefix = prefix
         self.labelers: tuple[Labeler, ...] = (
             InventoryLabeler(),

@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterator, Mapping
 
 MAX_VALUE_LEN = 63
+DEFAULT_PREFIX = "gpudaemon.io/"  # the brief's; configurable as labels.prefix
 _VALUE_RE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 _NAME_RE = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _PREFIX_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/")

@@ -5,16 +5,11 @@ Only `client` talks gRPC; `attribution` turns its answers into the PodMap the me
 collector reads at scrape time without ever blocking on the kubelet.
 """
 
+from gpudaemon.errors import PodResourcesError
 from gpudaemon.podresources.attribution import PodAttribution
-from gpudaemon.podresources.client import (
-    DEFAULT_SOCKET,
-    PodResourcesError,
-    device_map,
-    list_pod_resources,
-)
+from gpudaemon.podresources.client import device_map, list_pod_resources
 
 __all__ = [
-    "DEFAULT_SOCKET",
     "PodAttribution",
     "PodResourcesError",
     "device_map",

@@ -14,7 +14,6 @@ from loguru import logger
 
 from gpudaemon.model import PodMap
 from gpudaemon.podresources.client import (
-    DEFAULT_SOCKET,
     DEFAULT_TIMEOUT_S,
     Assignment,
     device_map,
@@ -28,7 +27,7 @@ _EMPTY: PodMap = MappingProxyType({})
 class PodAttribution:
     def __init__(
         self,
-        socket_path: str = DEFAULT_SOCKET,
+        socket_path: str,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         lister: Lister = list_pod_resources,
     ) -> None:

@@ -10,21 +10,16 @@ from dataclasses import dataclass
 
 import grpc
 
-from gpudaemon.errors import GpudaemonError
+from gpudaemon.errors import PodResourcesError
 from gpudaemon.model import PodMap, PodRef
 from gpudaemon.podresources._gen import api_pb2, api_pb2_grpc
 
-DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # nvidia.com/gpu carries GPU UUIDs (or MIG UUIDs with the "single" MIG strategy);
 # the "mixed" strategy names one resource per MIG profile, nvidia.com/mig-1g.10gb.
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 # The kubelet answers List from memory; a slow answer means it is in trouble.
 DEFAULT_TIMEOUT_S = 2.0
-
-
-class PodResourcesError(GpudaemonError):
-    """The pod-resources socket is there but List failed."""
 
 
 @dataclass(frozen=True)
@@ -36,9 +31,7 @@ class Assignment:
     ref: PodRef
 
 
-def list_pod_resources(
-    socket_path: str = DEFAULT_SOCKET, timeout_s: float = DEFAULT_TIMEOUT_S
-) -> list[Assignment]:
+def list_pod_resources(socket_path: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Assignment]:
     """Call List once on a fresh channel and flatten the answer to GPU assignments."""
     try:
         with grpc.insecure_channel(f"unix://{socket_path}") as channel:

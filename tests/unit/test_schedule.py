@@ -6,7 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpudaemon.schedule import CronError, CronScheduler, parse_cron
+from gpudaemon.errors import CronError
+from gpudaemon.schedule import CronScheduler, parse_cron
 
 T0 = datetime(2026, 11, 22, 10, 0, 0, 300000, tzinfo=UTC)  # a Sunday
 
