@@ -185,7 +185,7 @@ class InfluxConfig(_Section):
     token_file: str = ""
     # Only from the environment (GPUDAEMON_INFLUXDB__TOKEN) or the file above; never a flag.
     token: SecretStr = SecretStr("")
-    spool_dir: str = ""  # empty: DEFAULT_SPOOL_DIR when history is on (set at load)
+    spool_dir: str = ""  # empty: /var/lib/gpudaemon/spool when history is on
     # 256 MiB holds about a week of 8-GPU history at 10 s resolution.
     spool_max_bytes: Annotated[WholeNumber, Field(gt=0, le=1 << 40)] = 268_435_456
     timeout_ms: Annotated[WholeNumber, Field(gt=0, le=600_000)] = 5_000
