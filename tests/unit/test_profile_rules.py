@@ -70,6 +70,5 @@ def test_cli_says_one_line_and_exits_2(tmp_path: Path) -> None:
     )
     assert p.returncode == 2, p.stderr
     assert p.stderr.strip().splitlines() == [
-        f"gpudaemon: error: profile {f}: gpus.0: uuid: only with count: 1 "
-        "(2 GPUs cannot share one)"
+        f"gpudaemon: error: profile {f}: gpus.0: uuid: only with count: 1 (2 GPUs cannot share one)"
     ]
