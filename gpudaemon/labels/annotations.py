@@ -120,3 +120,55 @@ class GpuStateAnnotator:
             self._tracks[(uuid, key)] = _Track(raw, raw, _round(raw, step))
             return _round(raw, step)
         return track.update(raw, self.q, band, step)
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """One entry of the `<prefix>gpus` annotation, as a reader (the extender) sees it.
+    Readings the agent could not take are None, never 0."""
+
+    index: int
+    uuid: str
+    memory_total_mib: int
+    healthy: bool = True
+    reason: str = ""
+    memory_used_mib: int | None = None
+    utilization_pct: int | None = None
+    temperature_c: int | None = None
+    processes: int | None = None
+    mig_devices: int | None = None
+
+
+def decode_gpus(text: str) -> list[GpuState]:
+    """The annotation's entries; ValueError if it is not a JSON list. Entries that are
+    malformed (written by someone else, or a future format) are skipped, not guessed."""
+    entries = json.loads(text)
+    if not isinstance(entries, list):
+        raise ValueError("the gpus annotation is not a JSON list")
+    out = []
+    for e in entries:
+        if not isinstance(e, dict):
+            continue
+        index, total = _opt_int(e.get("index")), _opt_int(e.get("memory_total_mib"))
+        uuid = e.get("uuid")
+        if index is None or total is None or not isinstance(uuid, str):
+            continue
+        out.append(
+            GpuState(
+                index=index,
+                uuid=uuid,
+                memory_total_mib=total,
+                healthy=e.get("healthy") is not False,
+                reason=str(e.get("reason") or ""),
+                memory_used_mib=_opt_int(e.get("memory_used_mib")),
+                utilization_pct=_opt_int(e.get("utilization_pct")),
+                temperature_c=_opt_int(e.get("temperature_c")),
+                processes=_opt_int(e.get("processes")),
+                mig_devices=_opt_int(e.get("mig_devices")),
+            )
+        )
+    return out
+
+
+def _opt_int(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from gpudaemon.backends.simulated import FaultSpec, SimulatedBackend, load_profile, parse_profile
 from gpudaemon.cache import Cache
 from gpudaemon.labels import NodeLabeler
@@ -163,3 +165,38 @@ def test_unclean_names_in_a_profile_still_give_valid_labels() -> None:
     ls = NodeLabeler().build(snapshot(SimulatedBackend(prof)))
     assert all(is_valid_value(v) for v in ls.labels.values())
     assert len(ls.labels[P + "gpu.product"]) <= 63
+
+
+def test_the_gpus_annotation_decodes_to_what_was_encoded() -> None:
+    from gpudaemon.labels.annotations import GpuState, decode_gpus
+
+    b = SimulatedBackend(load_profile("a100-mig"), seed=1)
+    b.inject(2, FaultSpec(kind="lost"))
+    snap = snapshot(b)
+    text = NodeLabeler().build(snap).annotations[P + "gpus"]
+    states = decode_gpus(text)
+    assert snap.inventory is not None
+    assert [s.uuid for s in states] == [g.uuid for g in snap.inventory.gpus]
+    lost = states[2]
+    assert lost == GpuState(
+        index=2,
+        uuid=lost.uuid,
+        memory_total_mib=snap.inventory.gpus[2].memory_total_mib,
+        healthy=False,
+        reason="gpu lost",
+        mig_devices=7,
+    )  # no readings: absent, not 0
+    ok = states[0]
+    assert ok.healthy and ok.mig_devices == 7 and ok.utilization_pct is not None
+    assert ok.memory_used_mib is not None and ok.temperature_c is not None
+
+
+def test_decoding_skips_foreign_entries_and_refuses_non_lists() -> None:
+    from gpudaemon.labels.annotations import decode_gpus
+
+    text = '[{"index": 0, "uuid": "GPU-a", "memory_total_mib": 10}, {"index": "x"}, 3]'
+    assert [s.uuid for s in decode_gpus(text)] == ["GPU-a"]
+    with pytest.raises(ValueError):
+        decode_gpus('{"index": 0}')
+    with pytest.raises(ValueError):
+        decode_gpus("not json")
