@@ -155,9 +155,10 @@ def test_wrong_token_is_logged_counted_and_survived(
     assert agent.metric("gpudaemon_influxdb_points_spooled") >= 16
     assert http_get(f"http://127.0.0.1:{agent.port}/healthz")[0] == 200
     log = agent.sigterm()
-    failures = [line for line in log.splitlines() if "InfluxDB write to" in line]
-    assert failures and "(unauthorized)" in failures[0] and "HTTP 401" in failures[0]
-    assert len(failures) == 1  # one clear line, not one per cycle
+    # One clear line for the failure, not one per cycle. (On a loaded machine a
+    # request may also time out now and then: that is another kind, with its own line.)
+    failures = [line for line in log.splitlines() if "failed (unauthorized)" in line]
+    assert len(failures) == 1 and "HTTP 401" in failures[0]
     assert "wrong-secret-4711" not in log
     assert "Traceback" not in log
 
