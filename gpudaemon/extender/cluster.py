@@ -15,7 +15,6 @@ pod is gone before we saw it, or it stayed pending).
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -25,6 +24,7 @@ from typing import Any
 from gpudaemon.extender.podspec import GPU_RESOURCE, pod_shape, quantity
 from gpudaemon.extender.state import NodeState, PodShape
 from gpudaemon.kube.lease import parse_time
+from gpudaemon.labels.annotations import decode_gpus
 
 Obj = Mapping[str, Any]
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -287,20 +287,13 @@ def _int(v: object, default: int = 0) -> int:
 
 
 def _mean_utilization(annotation: object) -> float | None:
-    """Mean `utilization_pct` of the agent's `gpus` annotation, as a ratio."""
+    """Mean `utilization_pct` of the agent's `gpus` annotation, as a ratio (read with
+    the annotation's own decoder, next to its encoder)."""
     if not isinstance(annotation, str):
         return None
     try:
-        entries = json.loads(annotation)
+        gpus = decode_gpus(annotation)
     except ValueError:
         return None
-    vals = (
-        [
-            e["utilization_pct"]
-            for e in entries
-            if isinstance(e, dict) and isinstance(e.get("utilization_pct"), int | float)
-        ]
-        if isinstance(entries, list)
-        else []
-    )
+    vals = [g.utilization_pct for g in gpus if g.utilization_pct is not None]
     return sum(vals) / len(vals) / 100.0 if vals else None

@@ -28,7 +28,10 @@ def node_obj(
     if util is not None:
         ann[P + "gpus"] = (
             "["
-            + ",".join(f'{{"index":{i},"utilization_pct":{u}}}' for i, u in enumerate(util))
+            + ",".join(
+                f'{{"index":{i},"uuid":"GPU-{i}","memory_total_mib":81559,"utilization_pct":{u}}}'
+                for i, u in enumerate(util)
+            )
             + "]"
         )
     return {
