@@ -25,6 +25,7 @@ from gpudaemon.extender.podspec import GPU_RESOURCE, pod_shape, quantity
 from gpudaemon.extender.state import NodeState, PodShape
 from gpudaemon.kube.lease import parse_time
 from gpudaemon.labels.annotations import decode_gpus
+from gpudaemon.labels.sanitize import DEFAULT_PREFIX
 
 Obj = Mapping[str, Any]
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -62,7 +63,7 @@ class ClusterState:
 
     def __init__(
         self,
-        prefix: str = "gpudaemon.io/",
+        prefix: str = DEFAULT_PREFIX,
         *,
         assume_ttl_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
