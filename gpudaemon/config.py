@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 from pydantic import (
@@ -93,13 +93,27 @@ _HOST = re.compile(
 )
 
 
-def _check_influx_url(v: str) -> str:
-    """Empty (history off) or http(s)://host[:port][/path]: anything else would fail on
-    every write at run time while the agent looked healthy."""
-    if not v:
-        return v
+def redact_url(url: str) -> str:
+    """`url` without its user and password (http://user:pw@host -> http://***@host):
+    the only form of a URL that may appear in a message or a log line."""
     try:
-        u = urlsplit(v)
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+
+
+def _check_influx_url(url: str) -> str:
+    """Empty (history off) or http(s)://host[:port][/path]: anything else would fail on
+    every write at run time while the agent looked healthy. Messages show the URL
+    without credentials."""
+    if not url:
+        return url
+    v = redact_url(url)
+    try:
+        u = urlsplit(url)
         port = u.port  # ValueError when not a number in 0..65535
     except ValueError as e:
         raise ValueError(f"{v!r}: {e}") from None
@@ -117,7 +131,7 @@ def _check_influx_url(v: str) -> str:
         raise ValueError(f"{v!r}: the port must be 1..65535")
     if u.query or u.fragment:
         raise ValueError(f"{v!r}: no query or fragment (the agent adds /api/v2/write?...)")
-    return v
+    return url
 
 
 # "host:port", "[v6]:port" or ":port": the one listen-address type (agent and extender).

@@ -93,19 +93,6 @@ def _transport_error(e: Exception) -> InfluxWriteError:
     return InfluxWriteError("server", f"{type(cause).__name__}: {cause}")
 
 
-def redact_url(url: str) -> str:
-    """`url` without its user and password (http://user:pw@host -> http://***@host):
-    the only form of a URL that may be logged."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if "@" not in parts.netloc:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"***@{host}"))
-
-
 class Scrubber:
     """Replaces the secrets of a URL's userinfo and the token with *** in text that
     came from elsewhere (an exception's message) before it is logged."""

@@ -22,11 +22,11 @@ from typing import Literal
 from loguru import logger
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpudaemon.config import Config
+from gpudaemon.config import Config, redact_url
 from gpudaemon.errors import ConfigError, InfluxWriteError, SpoolError, SpoolLockedError
 from gpudaemon.history.lines import lines_for
 from gpudaemon.history.spool import Spool
-from gpudaemon.history.transport import ClientTransport, Scrubber, Transport, redact_url
+from gpudaemon.history.transport import ClientTransport, Scrubber, Transport
 from gpudaemon.logsetup import LogLimiter
 from gpudaemon.model import Snapshot
 from gpudaemon.schedule import parse_cron

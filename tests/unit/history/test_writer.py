@@ -18,11 +18,11 @@ from prometheus_client import CollectorRegistry
 from gpudaemon import catalogue
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
 from gpudaemon.cache import Cache
-from gpudaemon.config import Config, load_config
+from gpudaemon.config import Config, load_config, redact_url
 from gpudaemon.errors import ConfigError, InfluxWriteError
 from gpudaemon.history.lines import encode_line, lines_for
 from gpudaemon.history.spool import Spool
-from gpudaemon.history.transport import ClientTransport, Scrubber, redact_url
+from gpudaemon.history.transport import ClientTransport, Scrubber
 from gpudaemon.history.writer import InfluxWriter
 from gpudaemon.model import GpuSample, Snapshot
 from tests.clock import FakeClock
@@ -541,3 +541,12 @@ def test_a_long_partial_write_message_keeps_its_dropped_count() -> None:
     body = json.dumps({"error": "partial write: field type conflict: " + "x" * 500 + " dropped=7"})
     e = _http_error(400, "Bad Request", body.encode())
     assert len(str(e)) < 300 and str(e).endswith("dropped=7")
+
+
+def test_a_bad_url_with_credentials_is_refused_without_showing_them() -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(
+            environ={},
+            overrides={"influxdb": {"url": "ftp://admin:pw-4711@influx:8086", "bucket": "b"}},
+        )
+    assert "ftp://***@influx:8086" in str(e.value) and "4711" not in str(e.value)
