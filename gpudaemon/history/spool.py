@@ -220,9 +220,15 @@ class Spool:
         except OSError as e:
             self.close()
             raise _error(self.dir, e) from None
-        except sqlite3.Error as e:
+        except sqlite3.OperationalError as e:  # cannot open, read or lock the file
             self.close()
             raise _error(self.path, e, "cannot open the spool database") from None
+        except sqlite3.DatabaseError as e:  # damaged, or not a database at all
+            self.close()
+            raise SpoolError(
+                f"spool {self.path}: {e}; move it away (the points in it are lost)",
+                f"{DB_NAME}: {e}",
+            ) from None
         except SpoolError:
             self.close()
             raise

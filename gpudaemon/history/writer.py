@@ -112,10 +112,15 @@ def open_spool(spool_dir: str, max_bytes: int) -> Spool:
         reason = e.reason
     except SpoolError as e:
         reason = e.reason
-        if "only opens its own regular files" in str(e) or "not a gpudaemon spool" in reason:
+        if "move it away" in str(e):  # a file in the way, not the directory
+            why = (
+                "the spool only opens its own regular files"
+                if "regular files" in str(e)
+                else "it cannot be read as the spool (its points are lost)"
+            )
             raise ConfigError(
-                f"influxdb.spool_dir {spool_dir} is not usable ({reason}): the spool only "
-                "opens its own regular files; move that file away"
+                f"influxdb.spool_dir {spool_dir} is not usable ({reason}): {why}; "
+                "move that file away"
             ) from None
         fix = (
             "mount a writable volume there (emptyDir, or hostPath to survive pod "

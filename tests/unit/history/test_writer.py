@@ -550,3 +550,19 @@ def test_a_bad_url_with_credentials_is_refused_without_showing_them() -> None:
             overrides={"influxdb": {"url": "ftp://admin:pw-4711@influx:8086", "bucket": "b"}},
         )
     assert "ftp://***@influx:8086" in str(e.value) and "4711" not in str(e.value)
+
+
+def test_a_damaged_spool_database_is_a_config_error_saying_what_to_do(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.transport.fail = "unreachable"
+    for _ in range(30):
+        rig.cycle()
+    rig.writer.close()
+    db = tmp_path / "spool" / "spool.db"
+    data = bytearray(db.read_bytes())
+    data[4096 : 4096 * 3] = b"\xff" * 8192  # pages of the table, as a failing disk leaves
+    db.write_bytes(bytes(data))
+    with pytest.raises(ConfigError) as e:
+        InfluxWriter(cfg(tmp_path), CollectorRegistry(), FakeTransport())
+    msg = str(e.value)
+    assert "(spool.db: " in msg and "move that file away" in msg and "\n" not in msg
