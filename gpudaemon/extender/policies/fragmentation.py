@@ -44,7 +44,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpudaemon.extender.policies.base import utilization
 from gpudaemon.extender.state import NodeState, PodShape
 
 NodeKey = tuple[str, int, int, int]  # (gpu model, free GPUs, free CPU milli, free bytes)
@@ -226,6 +225,7 @@ class Fragmentation:
         self._state: tuple[_Tables, dict[NodeKey, int]] | None = None
         # Static capacities of the nodes seen, for each shape's share of the cluster.
         self._nodes: dict[str, Capacity] = {}
+        self._last: dict[str, NodeState] = {}
         self._capacity: Counter[Capacity] = Counter()
         self._capacity_version = 0
         self._capacity_applied = 0
@@ -256,10 +256,12 @@ class Fragmentation:
         self._refresh()
 
     def _note_node(self, node: NodeState) -> None:
-        cap = _capacity(node)
-        if self._nodes.get(node.name) == cap:
+        # NodeState is immutable and replaced on change: the same object was noted.
+        if self._last.get(node.name) is node:
             return
+        cap = _capacity(node)
         with self._lock:
+            self._last[node.name] = node
             old = self._nodes.get(node.name)
             if old == cap:
                 return
@@ -290,24 +292,23 @@ class Fragmentation:
         return _frag(tables, memo, node_key(node))
 
     def raw_score(self, node: NodeState, pod: PodShape) -> float:
-        self._note_node(node)
-        if not node.can_host(pod):
+        if self._last.get(node.name) is not node:
+            self._note_node(node)
+        free, cpu, mem = node.gpus_free, node.cpu_free_milli, node.memory_free_bytes
+        k, c, m = pod.gpus, pod.cpu_milli, pod.memory_bytes
+        model = node.gpu_model
+        if k > free or c > cpu or m > mem or not pod.fits_model(model):
             return _UNFIT
         tables, memo = self._state or self._refresh()
-        before = node_key(node)
-        after = (
-            before[0],
-            before[1] - pod.gpus,
-            before[2] - pod.cpu_milli,
-            before[3] - pod.memory_bytes,
-        )
-        b = memo.get(before)
-        if b is None:
-            b = memo[before] = tables.fragmentation(before)
-        a = memo.get(after)
-        if a is None:
-            a = memo[after] = tables.fragmentation(after)
-        return float(b - a) + tie_break(node, pod, self.utilization_weight)
+        before = (model, free, cpu, mem)
+        after = (model, free - k, cpu - c, mem - m)
+        fb = memo.get(before)
+        if fb is None:
+            fb = memo[before] = tables.fragmentation(before)
+        fa = memo.get(after)
+        if fa is None:
+            fa = memo[after] = tables.fragmentation(after)
+        return float(fb - fa) + tie_break(node, pod, self.utilization_weight)
 
     def raw_scores(self, nodes: Iterable[NodeState], pod: PodShape) -> list[float]:
         return [self.raw_score(n, pod) for n in nodes]
@@ -334,7 +335,9 @@ def tie_break(node: NodeState, pod: PodShape, utilization_weight: float = 0.5) -
     if node.cpu_allocatable_milli > 0:
         used = node.cpu_requested_milli + pod.cpu_milli
         cpu_used = min(1.0, max(0.0, used / node.cpu_allocatable_milli))
-    second = (cpu_used + utilization_weight * utilization(node)) / (1 + utilization_weight)
+    u = node.utilization_ratio
+    util = 0.0 if u is None else (1.0 if u > 1.0 else (u if u > 0.0 else 0.0))
+    second = (cpu_used + utilization_weight * util) / (1 + utilization_weight)
     return 0.6 / (1 + free_after) + 0.999 * step * second
 
 
