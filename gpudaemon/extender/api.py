@@ -207,9 +207,11 @@ class ExtenderApi:
 
     def prioritize(self, args: Args) -> list[dict[str, Any]]:
         shape = self._shape(args.pod)
-        if shape.gpus <= 0:
-            return [{"Host": n, "Score": 0} for n in args.names]
         policy = self._policy(args.pod)
+        # A GPU-less pod reaches us only without managedResources; neutral unless the
+        # policy judges where it strands GPUs (fragmentation does).
+        if shape.gpus <= 0 and not getattr(policy, "scores_gpuless_pods", False):
+            return [{"Host": n, "Score": 0} for n in args.names]
         with self._lock:
             states = self.cluster.states(args.names)
             raw = {

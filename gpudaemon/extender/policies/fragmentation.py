@@ -215,6 +215,9 @@ class Fragmentation:
     """FGD-style policy: the placement that fragments the node least scores highest."""
 
     name = "fragmentation"
+    # A pod with no GPU still strands GPUs by taking the CPU and memory beside them:
+    # score it too when the scheduler sends it (no managedResources filter).
+    scores_gpuless_pods = True
 
     def __init__(self, workload: Workload | None = None, utilization_weight: float = 0.5) -> None:
         self.workload = workload if workload is not None else Workload()

@@ -119,6 +119,13 @@ def test_fragmentation_counts_free_gpus_typical_pods_cannot_use(
             node(model="V100M32", gpus=2),
         ),
         (
+            "a pod with no GPU goes where it strands no GPU: a node with none free",
+            [(shape(1, 12), 1)],
+            shape(0, 60),
+            node(used=8),
+            node(used=4),  # 60 of 96 cores gone: 4 free GPUs keep CPU for 3 copies
+        ),
+        (
             "equal fragmentation: bin-packing decides (fewer free GPUs left)",
             [(shape(1), 1)],
             shape(1),
