@@ -49,7 +49,7 @@ from gpudaemon.extender.state import NodeState, PodShape
 NodeKey = tuple[str, int, int, int]  # (gpu model, free GPUs, free CPU milli, free bytes)
 Capacity = tuple[str, int, int, int]  # (gpu model, allocatable GPUs, CPU milli, bytes)
 _UNFIT = -1e18  # a node that cannot host the pod (the filter removes it anyway)
-_MEMO_LIMIT = 200_000  # distinct node states memoized before the memo starts over
+_MEMO_LIMIT = 100_000  # node states memoized (~25 MiB) before the memo starts over
 _SCALE = 1000  # share_s in thousandths: weights stay integers
 
 
