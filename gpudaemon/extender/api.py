@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,7 +64,7 @@ def parse_args(body: bytes) -> Args:
     names = _key(doc, "NodeNames")
     nodes = _key(doc, "Nodes")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
             raise BadRequest("ExtenderArgs.NodeNames must be a list of strings")
         return Args(pod, names, None)
     if nodes is None:
@@ -179,6 +180,7 @@ class ExtenderApi:
             self.observe(uid, shape)
         failed: dict[str, str] = {}
         passed: list[str] = []
+        removed: Counter[str] = Counter()  # by reason; one metric update per reason
         with self._lock:
             states = self.cluster.states(args.names)
             fresh = self.cluster.freshness(args.names)
@@ -190,7 +192,7 @@ class ExtenderApi:
                     passed.append(name)
                 else:
                     failed[name] = _reason(why)
-                    self.metrics.filter_nodes.labels(why.reason).inc()
+                    removed[why.reason] += 1
             if self.filter_picks_best and len(passed) > 1:
                 policy = self._policy(args.pod)
                 raw = {n: policy.raw_score(s, shape) for n in passed if (s := states[n])}
@@ -199,9 +201,11 @@ class ExtenderApi:
                     for n in passed:
                         if n != top:
                             failed[n] = f"gpudaemon: {top} packs better ({policy.name})"
-                            self.metrics.filter_nodes.labels("not_best").inc()
+                            removed["not_best"] += 1
                     passed = [top]
                     self._assume(uid, top, shape)
+        for reason, count in removed.items():
+            self.metrics.filter_nodes.labels(reason).inc(count)
         self.metrics.filter_nodes.labels("passed").inc(len(passed))
         return self._filter_result(args, passed, failed)
 
