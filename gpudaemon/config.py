@@ -248,7 +248,8 @@ class TypicalPod(_Section):
 class ExtenderConfig(_Section):
     listen: ListenAddress = "0.0.0.0:9446"
     # The default policy; a pod picks another with the annotation gpudaemon.io/policy.
-    policy: Literal["binpack", "spread", "fragmentation"] = "binpack"
+    # fragmentation: fewest unallocated GPUs on the openb trace (docs/benchmarks.md).
+    policy: Literal["binpack", "spread", "fragmentation"] = "fragmentation"
     # Weight of measured utilization as the tie-break within a policy. Below 1, so it
     # only orders nodes the GPU arithmetic leaves equal.
     utilization_weight: Annotated[Number, Field(ge=0, lt=1)] = 0.5

@@ -196,7 +196,7 @@ class ExtenderApi:
             if self.filter_picks_best and len(passed) > 1:
                 policy = self._policy(args.pod)
                 raw = {n: policy.raw_score(s, shape) for n in passed if (s := states[n])}
-                top = best(raw, passed)
+                top = best(raw)
                 if top is not None:
                     for n in passed:
                         if n != top:
@@ -224,7 +224,7 @@ class ExtenderApi:
                 if (s := states[name]) is not None and s.can_host(shape)
             }
             levels = to_levels(raw)
-            top = best(raw, args.names)
+            top = best(raw)
             if top is not None:
                 self._assume(_uid(args.pod), top, shape)
         return [{"Host": n, "Score": levels.get(n, 0)} for n in args.names]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpudaemon.extender.state import NodeState, PodShape
@@ -44,24 +44,30 @@ def check_node(
     return None
 
 
-def to_levels(raw: Mapping[str, float]) -> dict[str, int]:
-    """Map raw scores onto 0..10 by rank of distinct value, not linearly.
+def best(raw: Mapping[str, float]) -> str | None:
+    """The pick: the highest raw score, ties broken by node name, so the extender
+    and every replica of it agree on one node."""
+    return min(raw, key=lambda n: (-raw[n], n)) if raw else None
 
-    A linear map squeezes the best nodes together when one outlier is far below them
-    (11 levels, 5,000 nodes); by rank, the best ten distinct raw scores always get ten
-    distinct levels (10, 9, ...) and everything else 0.
+
+def to_levels(raw: Mapping[str, float]) -> dict[str, int]:
+    """Map raw scores onto 0..10 by rank, not linearly, with the pick alone on top.
+
+    Tiers: the pick (`best`), then the nodes that tie with it, then each lower distinct
+    raw score; tier i gets level 10 - i, and tiers past the tenth get 0. A linear map
+    would squeeze the best nodes together when one node is far worse (11 levels,
+    5,000 nodes). The pick alone at 10 makes the scheduler's choice (the top total
+    score; random among ties) the node the extender assumes the pod on, as long as the
+    in-tree scores do not differ; equally good nodes stay one level below, so in-tree
+    preferences can still choose among them.
     """
-    if not raw:
+    top = best(raw)
+    if top is None:
         return {}
     distinct = sorted(set(raw.values()), reverse=True)
-    level = {v: max(0, MAX_SCORE - i) for i, v in enumerate(distinct[: MAX_SCORE + 1])}
-    return {name: level.get(v, 0) for name, v in raw.items()}
-
-
-def best(raw: Mapping[str, float], order: Iterable[str]) -> str | None:
-    """The highest raw score; ties go to the first in `order` (the scheduler's order)."""
-    top: str | None = None
-    for name in order:
-        if name in raw and (top is None or raw[name] > raw[top]):
-            top = name
-    return top
+    tier = {v: i + 1 for i, v in enumerate(distinct)}  # the top value's tier is 1
+    if not any(v == raw[top] for n, v in raw.items() if n != top):
+        tier = {v: t - 1 for v, t in tier.items()}  # no ties with the pick: no gap
+    levels = {n: max(0, MAX_SCORE - tier[v]) for n, v in raw.items()}
+    levels[top] = MAX_SCORE
+    return levels

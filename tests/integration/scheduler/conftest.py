@@ -20,7 +20,7 @@ def rig(tools_bin: Path) -> Iterator[SchedulerRig]:
         cp.start()
         cp.apply_manifest(RBAC)
         cp.apply_manifest(ADMISSION)
-        r.start_extender()
+        r.start_extender(policy="binpack")  # the tests predict bin-packing
         r.start_scheduler("gpudaemon-scheduler", with_extender=True)
         r.start_scheduler("default-scheduler", with_extender=False)
         yield r

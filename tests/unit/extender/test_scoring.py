@@ -65,8 +65,8 @@ def test_binpack_and_spread_order(
     bp, sp = BinPack(), Spread()
     raw_b = {a.name: bp.raw_score(a, pod), b.name: bp.raw_score(b, pod)}
     raw_s = {a.name: sp.raw_score(a, pod), b.name: sp.raw_score(b, pod)}
-    assert best(raw_b, ["a", "b"]) == binpack_prefers
-    assert best(raw_s, ["a", "b"]) != binpack_prefers
+    assert best(raw_b) == binpack_prefers
+    assert best(raw_s) != binpack_prefers
 
 
 def test_utilization_only_breaks_ties() -> None:
@@ -82,11 +82,16 @@ def test_utilization_only_breaks_ties() -> None:
     [
         ({}, {}),
         ({"a": 5.0}, {"a": 10}),
-        ({"a": -1.0, "b": -3.0, "c": -1.0}, {"a": 10, "b": 9, "c": 10}),
+        # the pick (ties by name) alone at 10; its equals one level below
+        ({"a": -1.0, "b": -3.0, "c": -1.0}, {"a": 10, "c": 9, "b": 8}),
+        ({"z": 1.0, "y": 1.0, "x": 1.0}, {"x": 10, "y": 9, "z": 9}),
         # an outlier far below does not squeeze the best together (a linear map would)
         ({"a": 0.0, "b": -0.1, "c": -1000.0}, {"a": 10, "b": 9, "c": 8}),
-        # beyond ten distinct values everything is 0
-        ({f"n{i}": float(-i) for i in range(13)}, {f"n{i}": max(0, 10 - i) for i in range(13)}),
+        # beyond ten tiers everything is 0
+        (
+            {f"n{i:02d}": float(-i) for i in range(13)},
+            {f"n{i:02d}": max(0, 10 - i) for i in range(13)},
+        ),
     ],
 )
 def test_to_levels_keeps_the_best_distinguishable(
@@ -95,6 +100,13 @@ def test_to_levels_keeps_the_best_distinguishable(
     assert to_levels(raw) == levels
 
 
-def test_best_breaks_ties_by_scheduler_order() -> None:
-    assert best({"a": 1.0, "b": 1.0}, ["b", "a"]) == "b"
-    assert best({}, ["a"]) is None
+def test_the_pick_is_the_only_node_at_the_top_level() -> None:
+    raw = {f"n{i}": float(i % 3) for i in range(30)}
+    levels = to_levels(raw)
+    assert [n for n, lv in levels.items() if lv == 10] == [best(raw)]
+
+
+def test_best_breaks_ties_by_node_name() -> None:
+    assert best({"b": 1.0, "a": 1.0}) == "a"
+    assert best({"b": 2.0, "a": 1.0}) == "b"
+    assert best({}) is None
