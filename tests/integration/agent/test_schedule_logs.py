@@ -14,6 +14,9 @@ from gpudaemon.logsetup import setup_logging
 from gpudaemon.schedule import CronScheduler
 from tests.support import wait_for
 
+# Real APScheduler runs in real time (its clock cannot be injected): seconds per test.
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def log_lines() -> Iterator[list[str]]:
