@@ -29,6 +29,32 @@ from waitress.server import BaseWSGIServer, create_server
 from gpudaemon.errors import UsageError
 
 WsgiApp = Callable[..., Iterable[bytes]]
+StartResponse = Callable[..., Any]
+Readiness = Callable[[], tuple[bool, str]]
+
+
+def text_response(start_response: StartResponse, status: str, body: str) -> list[bytes]:
+    data = body.encode()
+    start_response(
+        status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data)))]
+    )
+    return [data]
+
+
+def probe_response(
+    path: str, ready: Readiness, start_response: StartResponse
+) -> list[bytes] | None:
+    """/healthz (alive: always 200) and /readyz (the program's own readiness, 503 with
+    the reason until ready), the same for the agent and the extender; None otherwise."""
+    if path == "/healthz":
+        return text_response(start_response, "200 OK", "ok\n")
+    if path == "/readyz":
+        ok, why = ready()
+        return text_response(
+            start_response, "200 OK" if ok else "503 Service Unavailable", why + "\n"
+        )
+    return None
+
 
 BACKLOG = 1024
 _LOOP_TICK_S = 1.0  # how long the loop may sleep; stop() wakes it at once anyway

@@ -24,9 +24,8 @@ from gpudaemon.extender.podspec import pod_policy, pod_shape
 from gpudaemon.extender.policies.base import Policy
 from gpudaemon.extender.scoring import Rejection, best, check_node, to_levels
 from gpudaemon.extender.state import NodeState, PodShape
+from gpudaemon.httpserver import Readiness, StartResponse, probe_response, text_response
 
-StartResponse = Callable[..., Any]
-Readiness = Callable[[], tuple[bool, str]]
 JSON_HEADERS = [("Content-Type", "application/json")]
 
 
@@ -124,12 +123,10 @@ class ExtenderApi:
             return self._verb(path[1:], environ, start_response)
         if path == "/metrics":
             return self._metrics_app(environ, start_response)  # type: ignore[no-any-return]
-        if path == "/healthz":
-            return _text(start_response, "200 OK", "ok\n")
-        if path == "/readyz":
-            ok, why = self.ready()
-            return _text(start_response, "200 OK" if ok else "503 Service Unavailable", why + "\n")
-        return _text(
+        probe = probe_response(path, self.ready, start_response)
+        if probe is not None:
+            return probe
+        return text_response(
             start_response,
             "404 Not Found",
             "not found: try POST /filter, POST /prioritize, /healthz, /readyz, /metrics\n",
@@ -214,7 +211,7 @@ class ExtenderApi:
         policy = self._policy(args.pod)
         # A GPU-less pod reaches us only without managedResources; neutral unless the
         # policy judges where it strands GPUs (fragmentation does).
-        if shape.gpus <= 0 and not getattr(policy, "scores_gpuless_pods", False):
+        if shape.gpus <= 0 and not policy.scores_gpuless_pods:
             return [{"Host": n, "Score": 0} for n in args.names]
         with self._lock:
             states = self.cluster.states(args.names)
@@ -256,14 +253,6 @@ def _reason(r: Rejection) -> str:
 def _reply(start_response: StartResponse, status: str, doc: object) -> list[bytes]:
     body = orjson.dumps(doc)
     start_response(status, [*JSON_HEADERS, ("Content-Length", str(len(body)))])
-    return [body]
-
-
-def _text(start_response: StartResponse, status: str, text: str) -> list[bytes]:
-    body = text.encode()
-    start_response(
-        status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))]
-    )
     return [body]
 
 

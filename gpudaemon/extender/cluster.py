@@ -23,7 +23,7 @@ from typing import Any
 
 from gpudaemon.extender.podspec import GPU_RESOURCE, pod_shape, quantity
 from gpudaemon.extender.state import NodeState, PodShape
-from gpudaemon.kube.lease import parse_time
+from gpudaemon.kube.lease import lease_expiry
 from gpudaemon.labels.annotations import decode_gpus
 from gpudaemon.labels.sanitize import DEFAULT_PREFIX
 
@@ -45,17 +45,13 @@ class _Assumed:
 
 
 def _expiry(lease: Obj) -> tuple[float | None, str]:
-    """(wall-clock expiry, owner Node UID) of a Lease, by the rule of
-    `gpudaemon.kube.lease.lease_is_fresh` (renewTime + leaseDurationSeconds), parsed
-    once per event instead of once per node per request."""
-    spec = lease.get("spec") or {}
+    """(wall-clock expiry, owner Node UID) of a Lease. The expiry is the agent's own rule
+    (`lease_expiry`, which `lease_is_fresh` applies), taken once per event rather than
+    once per node per request."""
     owners = (lease.get("metadata") or {}).get("ownerReferences") or []
     owner = next((str(o.get("uid", "")) for o in owners if o.get("kind") == "Node"), "")
-    renewed = parse_time(spec.get("renewTime"))
-    duration = spec.get("leaseDurationSeconds")
-    if renewed is None or not isinstance(duration, int) or isinstance(duration, bool):
-        return None, owner
-    return renewed.timestamp() + duration, owner
+    expiry = lease_expiry(lease)
+    return (None if expiry is None else expiry.timestamp()), owner
 
 
 class ClusterState:

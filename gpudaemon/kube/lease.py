@@ -40,21 +40,30 @@ def parse_time(value: Any) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def lease_is_fresh(lease: Mapping[str, Any] | None, now: datetime) -> bool:
-    """True iff the Lease vouches for its node's data at `now` (an aware datetime;
-    a naive one is taken as UTC): renewTime + leaseDurationSeconds is still ahead."""
+def lease_expiry(lease: Mapping[str, Any] | None) -> datetime | None:
+    """When the Lease stops vouching for its node's data (renewTime +
+    leaseDurationSeconds); None if it is absent or malformed, which vouches for nothing."""
     if not lease:
-        return False
+        return None
     spec = lease.get("spec")
     if not isinstance(spec, Mapping):
-        return False
+        return None
     renewed = parse_time(spec.get("renewTime"))
     duration = spec.get("leaseDurationSeconds")
     if renewed is None or not isinstance(duration, int) or isinstance(duration, bool):
+        return None
+    return renewed + timedelta(seconds=duration)
+
+
+def lease_is_fresh(lease: Mapping[str, Any] | None, now: datetime) -> bool:
+    """True iff the Lease vouches for its node's data at `now` (an aware datetime;
+    a naive one is taken as UTC): its `lease_expiry` is still ahead."""
+    expiry = lease_expiry(lease)
+    if expiry is None:
         return False
     if now.tzinfo is None:
         now = now.replace(tzinfo=UTC)
-    return now < renewed + timedelta(seconds=duration)
+    return now < expiry
 
 
 # Periods a cron expression can repeat at evenly: steps that divide 60 s, 60 min, 24 h.

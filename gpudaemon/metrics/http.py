@@ -14,10 +14,8 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
 
 from gpudaemon import httpserver
+from gpudaemon.httpserver import Readiness, StartResponse, probe_response, text_response
 from gpudaemon.metrics.collector import GpuCollector
-
-StartResponse = Callable[..., Any]
-Readiness = Callable[[], tuple[bool, str]]
 
 
 def make_app(
@@ -40,12 +38,10 @@ def make_app(
             if gpus is None or head is None or environ.get("QUERY_STRING"):
                 return metrics(environ, start_response)  # type: ignore[no-any-return]
             return _fast_metrics(head, gpus, environ, start_response)
-        if path == "/healthz":
-            return _text(start_response, "200 OK", "ok\n")
-        if path == "/readyz":
-            ok, why = ready()
-            return _text(start_response, "200 OK" if ok else "503 Service Unavailable", why + "\n")
-        return _text(
+        probe = probe_response(path, ready, start_response)
+        if probe is not None:
+            return probe
+        return text_response(
             start_response, "404 Not Found", "not found: try /metrics, /healthz, /readyz\n"
         )
 
@@ -106,14 +102,6 @@ def _filtered_metrics(
     encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
     body = encoder(cast(CollectorRegistry, _Restricted(registry, names)))
     return _send_metrics(body, content_type, environ, start_response)
-
-
-def _text(start_response: StartResponse, status: str, body: str) -> list[bytes]:
-    data = body.encode()
-    start_response(
-        status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data)))]
-    )
-    return [data]
 
 
 class HttpServer(httpserver.HttpServer):

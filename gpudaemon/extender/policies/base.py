@@ -11,6 +11,9 @@ class Policy(Protocol):
     """Orders feasible nodes for one pod. Must be pure: same inputs, same score."""
 
     name: str
+    # Whether a pod asking for no GPU gets real scores (it strands GPUs by taking the CPU
+    # and memory next to them) or neutral ones.
+    scores_gpuless_pods: bool
 
     def raw_score(self, node: NodeState, pod: PodShape) -> float:
         """Higher is better. Only the order between nodes matters."""

@@ -15,6 +15,7 @@ from gpudaemon.extender.state import NodeState, PodShape
 
 class BinPack:
     name = "binpack"
+    scores_gpuless_pods = False
 
     def __init__(self, utilization_weight: float = 0.5) -> None:
         self.utilization_weight = utilization_weight  # < 1: a tie-break, never more

@@ -14,6 +14,7 @@ from gpudaemon.extender.state import NodeState, PodShape
 
 class Spread:
     name = "spread"
+    scores_gpuless_pods = False
 
     def __init__(self, utilization_weight: float = 0.5) -> None:
         self.utilization_weight = utilization_weight  # < 1: a tie-break, never more
