@@ -3,8 +3,6 @@ end, however many polls they last (issue 12 item 14; docs/operations.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from loguru import logger
 
@@ -14,16 +12,6 @@ from gpudaemon.model import GpuSample
 from tests.clock import FakeClock
 
 PROFILE = "gpus: [{name: X, memory_total_mib: 1000, compute_capability: '9.0', count: 4}]"
-
-
-@pytest.fixture
-def lines() -> Iterator[list[tuple[str, str]]]:
-    out: list[tuple[str, str]] = []
-    sink = logger.add(lambda m: out.append((m.record["level"].name, m.record["message"])))
-    try:
-        yield out
-    finally:
-        logger.remove(sink)
 
 
 def run(polls: int, fault: FaultSpec | None, gpu: int = 1) -> list[tuple[str, str]]:

@@ -4,11 +4,9 @@ behaviour against the real API server is in tests/integration/kube/test_recreate
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from loguru import logger
 
 from gpudaemon.app import Agent
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
@@ -46,16 +44,6 @@ class Recreatable(FakeClient):
     def recreate(self, uid: str) -> None:
         self.uid, self.missing = uid, False
         self.labels, self.annotations, self.owned = {"team": "ml"}, {}, (set(), set())
-
-
-@pytest.fixture
-def lines() -> Iterator[list[tuple[str, str]]]:
-    out: list[tuple[str, str]] = []
-    sink = logger.add(lambda m: out.append((m.record["level"].name, m.record["message"])))
-    try:
-        yield out
-    finally:
-        logger.remove(sink)
 
 
 def recreatable_sink() -> tuple[Any, Recreatable, Any]:
