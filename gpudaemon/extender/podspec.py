@@ -46,13 +46,18 @@ def quantity(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"bad quantity {value!r}")
     if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise ValueError(f"bad quantity {value!r}")
         return float(value)
     if not isinstance(value, str):
         raise ValueError(f"bad quantity {value!r}")
     m = _QUANTITY.match(value.strip())
     if not m or m.group(2) not in _SUFFIX:
         raise ValueError(f"bad quantity {value!r}")
-    return float(m.group(1)) * _SUFFIX[m.group(2)]
+    v = float(m.group(1)) * _SUFFIX[m.group(2)]
+    if not math.isfinite(v):  # "1e400": no resource is infinite, and ceil() would raise
+        raise ValueError(f"bad quantity {value!r}")
+    return v
 
 
 Resources = dict[str, float]

@@ -160,6 +160,10 @@ def test_filter_picks_best_returns_one_node_and_assumes_it() -> None:
             "bad quantity",
         ),
         (b'{"Pod": {"spec": {"containers": "zz"}}, "NodeNames": []}', "malformed"),
+        (
+            b'{"Pod": {"spec": {"containers": [{"resources": {"requests": {"cpu": "1e400"}}}]}}, "NodeNames": []}',
+            "bad quantity",
+        ),
         (b'{"Pod": {"spec": 5}, "NodeNames": []}', "malformed"),
     ],
 )

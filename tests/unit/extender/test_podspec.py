@@ -42,7 +42,10 @@ def test_quantity_parses_kubernetes_suffixes(text: Any, value: float) -> None:
     assert quantity(text) == value
 
 
-@pytest.mark.parametrize("bad", ["", "abc", "1Zi", None, True, [1], "1.2.3"])
+@pytest.mark.parametrize(
+    "bad",
+    ["", "abc", "1Zi", None, True, [1], "1.2.3", "1e400", "1e400Gi", float("inf"), float("nan")],
+)
 def test_quantity_rejects_garbage(bad: Any) -> None:
     with pytest.raises(ValueError):
         quantity(bad)
