@@ -260,9 +260,10 @@ class ExtenderConfig(_Section):
     # up in the watch. Longer than any bind; short enough that a pod that went elsewhere
     # unseen does not hide capacity for long.
     assume_ttl_seconds: Annotated[Number, Field(ge=1, le=600)] = 30.0
-    # HAMi style: /filter returns only the node the policy ranks best, so in-tree
-    # scores cannot overrule the packing decision. Off: the scheduler combines scores.
-    filter_picks_best: Switch = False
+    # How many of the policy's best nodes /filter passes on (0: every node that fits).
+    # 1 is HAMi's style: the pick alone, no /prioritize call, in-tree scores have no say.
+    # More: the scheduler's own preferences choose among that many of the best nodes.
+    candidates: Annotated[WholeNumber, Field(ge=0, le=100_000)] = 10
     # Requests larger than this are refused with 413 (5,000 Node objects are ~20 MiB
     # without nodeCacheCapable; with it, 5,000 names are ~100 KiB).
     max_body_bytes: Annotated[WholeNumber, Field(ge=1024, le=1 << 30)] = 64 << 20

@@ -22,7 +22,7 @@ from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.extender.metrics import ExtenderMetrics
 from gpudaemon.extender.podspec import pod_policy, pod_shape
 from gpudaemon.extender.policies.base import Policy
-from gpudaemon.extender.scoring import Rejection, best, check_node, to_levels
+from gpudaemon.extender.scoring import MAX_SCORE, Rejection, ScoreMemo, best_nodes, check_node, rank
 from gpudaemon.extender.state import NodeState, PodShape
 from gpudaemon.httpserver import Readiness, StartResponse, probe_response, text_response
 
@@ -94,7 +94,7 @@ class ExtenderApi:
         ready: Readiness,
         *,
         avoid_unhealthy: bool = True,
-        filter_picks_best: bool = False,
+        candidates: int = 0,
         observe: Callable[[str, PodShape], None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -106,10 +106,11 @@ class ExtenderApi:
         self.metrics = ExtenderMetrics(registry)
         self.ready = ready
         self.avoid_unhealthy = avoid_unhealthy
-        self.filter_picks_best = filter_picks_best
+        self.candidates = candidates
         self.observe = observe
         self.clock = clock
         self._lock = threading.Lock()
+        self._scores = ScoreMemo()  # used under _lock
         self._metrics_app = make_wsgi_app(registry)
 
     # -- WSGI ---------------------------------------------------------------------
@@ -190,17 +191,21 @@ class ExtenderApi:
                 else:
                     failed[name] = _reason(why)
                     removed[why.reason] += 1
-            if self.filter_picks_best and len(passed) > 1:
+            if 0 < self.candidates < len(passed):
+                # Narrow to the policy's best nodes. Those outranked are not listed in
+                # FailedNodes: the scheduler reads that map only for a pod that fits
+                # nowhere, and here some node fits; listing them would cost the
+                # scheduler a map of every node to decode per pod.
                 policy = self._policy(args.pod)
-                raw = {n: policy.raw_score(s, shape) for n in passed if (s := states[n])}
-                top = best(raw)
-                if top is not None:
-                    for n in passed:
-                        if n != top:
-                            failed[n] = f"gpudaemon: {top} packs better ({policy.name})"
-                            removed["not_best"] += 1
-                    passed = [top]
-                    self._assume(uid, top, shape)
+                raw = self._scores.scores(policy, shape, passed, states)
+                keep = best_nodes(raw, self.candidates)
+                if len(keep) < self.candidates:  # unscored: our CPU/memory view says no,
+                    # the scheduler's says yes; it decides, as it would without narrowing
+                    keep += [n for n in passed if n not in raw][: self.candidates - len(keep)]
+                removed["outranked"] += len(passed) - len(keep)
+                passed = keep
+                if len(keep) == 1:  # the scheduler will not call /prioritize: assume now
+                    self._assume(uid, keep[0], shape)
         for reason, count in removed.items():
             self.metrics.filter_nodes.labels(reason).inc(count)
         self.metrics.filter_nodes.labels("passed").inc(len(passed))
@@ -215,16 +220,15 @@ class ExtenderApi:
             return [{"Host": n, "Score": 0} for n in args.names]
         with self._lock:
             states = self.cluster.states(args.names)
-            raw = {
-                name: policy.raw_score(s, shape)
-                for name in args.names
-                if (s := states[name]) is not None and s.can_host(shape)
-            }
-            levels = to_levels(raw)
-            top = best(raw)
+            raw = self._scores.scores(policy, shape, args.names, states)
+            top, level = rank(raw)
             if top is not None:
                 self._assume(_uid(args.pod), top, shape)
-        return [{"Host": n, "Score": levels.get(n, 0)} for n in args.names]
+        get = raw.get
+        return [
+            {"Host": n, "Score": MAX_SCORE if n == top else level.get(get(n), 0)}  # type: ignore[arg-type]
+            for n in args.names
+        ]
 
     def _assume(self, uid: str, node: str, shape: PodShape) -> None:
         if uid:

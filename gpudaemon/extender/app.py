@@ -87,7 +87,7 @@ class Extender:
             self.registry,
             self.ready,
             avoid_unhealthy=ext.avoid_unhealthy_nodes,
-            filter_picks_best=ext.filter_picks_best,
+            candidates=ext.candidates,
             observe=observe,
         )
         self.registry.register(CacheCollector(self.cluster.sizes, self.cache_ages))

@@ -29,6 +29,7 @@ from gpudaemon.labels.sanitize import DEFAULT_PREFIX
 
 Obj = Mapping[str, Any]
 TERMINAL_PHASES = ("Succeeded", "Failed")
+_NEVER = float("-inf")  # fresh until: no Lease vouches for the node
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +77,10 @@ class ClusterState:
         self._usage: dict[str, tuple[int, int, int]] = {}  # node -> (gpus, cpu m, mem B)
         self._assumed: dict[str, _Assumed] = {}  # by pod UID
         self._leases: dict[str, tuple[float | None, str]] = {}  # node -> (expiry, owner)
+        # node -> wall-clock time its agent data goes stale: the Lease's expiry when the
+        # Lease vouches for this Node object, else absent. Kept at event time so a
+        # request compares one number per node.
+        self._fresh_until: dict[str, float] = {}
         self._states: dict[str, NodeState] = {}  # cache of node + usage, per node
 
     # -- nodes --------------------------------------------------------------------
@@ -87,6 +92,7 @@ class ClusterState:
             self._states.clear()
             for obj in items:
                 self._put_node(obj)
+            self._fresh_until = {n: t for n in self._leases if (t := self._vouch(n)) is not None}
 
     def node_event(self, kind: str, obj: Obj) -> None:
         name = str((obj.get("metadata") or {}).get("name", ""))
@@ -97,6 +103,7 @@ class ClusterState:
                 self._states.pop(name, None)
             else:
                 self._put_node(obj)
+            self._update_fresh(name)
 
     def _put_node(self, obj: Obj) -> None:
         meta = obj.get("metadata") or {}
@@ -176,6 +183,7 @@ class ClusterState:
     def replace_leases(self, items: Iterable[Obj]) -> None:
         with self._lock:
             self._leases.clear()
+            self._fresh_until.clear()
             for obj in items:
                 self.lease_event("ADDED", obj)
 
@@ -186,18 +194,28 @@ class ClusterState:
                 self._leases.pop(name, None)
             else:
                 self._leases[name] = _expiry(obj)
+            self._update_fresh(name)
+
+    def _vouch(self, name: str) -> float | None:
+        """The Lease's expiry if it vouches for the current Node object: a Lease left
+        from a deleted Node of the same name vouches for nothing."""
+        expiry, owner = self._leases.get(name, (None, ""))
+        uid = self._node_uids.get(name, "")
+        if expiry is None or (owner and uid and owner != uid):
+            return None
+        return expiry
+
+    def _update_fresh(self, name: str) -> None:
+        until = self._vouch(name)
+        if until is None:
+            self._fresh_until.pop(name, None)
+        else:
+            self._fresh_until[name] = until
 
     def fresh(self, name: str) -> bool:
-        """The agent's Lease is unexpired and owned by this Node object (a Lease left
-        from a deleted Node of the same name vouches for nothing)."""
+        """The agent's Lease is unexpired and owned by this Node object."""
         with self._lock:
-            expiry, owner = self._leases.get(name, (None, ""))
-            if expiry is None:
-                return False
-            uid = self._node_uids.get(name, "")
-            if owner and uid and owner != uid:
-                return False
-            return self.wall() < expiry
+            return self.wall() < self._fresh_until.get(name, _NEVER)
 
     # -- assumptions --------------------------------------------------------------
 
@@ -246,16 +264,9 @@ class ClusterState:
     def freshness(self, names: Iterable[str]) -> dict[str, bool]:
         """`fresh` for many nodes under one lock (the per-request path)."""
         now = self.wall()
-        leases, uids = self._leases, self._node_uids
-        out: dict[str, bool] = {}
         with self._lock:
-            for n in names:
-                expiry, owner = leases.get(n, (None, ""))
-                uid = uids.get(n, "")
-                out[n] = (
-                    expiry is not None and now < expiry and not (owner and uid and owner != uid)
-                )
-        return out
+            get = self._fresh_until.get
+            return {n: now < get(n, _NEVER) for n in names}
 
     def sizes(self) -> dict[str, int]:
         with self._lock:

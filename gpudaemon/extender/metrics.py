@@ -39,7 +39,7 @@ class ExtenderMetrics:
             "Pods provisionally counted on the node ranked best for them.",
             registry=registry,
         )
-        for r in ("passed", "no_agent", "stale", "unhealthy", "insufficient_gpus", "not_best"):
+        for r in ("passed", "no_agent", "stale", "unhealthy", "insufficient_gpus", "outranked"):
             self.filter_nodes.labels(r)
         for v in ("filter", "prioritize"):
             self.request_seconds.labels(v)

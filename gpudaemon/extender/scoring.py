@@ -1,10 +1,14 @@
-"""Filtering and score levels: pure functions of node states and the pod."""
+"""Filtering and score levels: pure functions of node states and the pod, and the
+memo that lets a request reuse the raw scores of nodes that did not change."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import heapq
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from gpudaemon.extender.policies.base import Policy
 from gpudaemon.extender.state import NodeState, PodShape
 
 MAX_SCORE = 10  # the extender API's MaxExtenderPriority
@@ -47,7 +51,25 @@ def check_node(
 def best(raw: Mapping[str, float]) -> str | None:
     """The pick: the highest raw score, ties broken by node name, so the extender
     and every replica of it agree on one node."""
-    return min(raw, key=lambda n: (-raw[n], n)) if raw else None
+    if not raw:
+        return None
+    top = max(raw.values())
+    return min(n for n, v in raw.items() if v == top)
+
+
+def best_nodes(raw: Mapping[str, float], k: int) -> list[str]:
+    """The `k` best nodes, best first, in `best`'s order (ties by node name).
+
+    Grouped by value first: a request has few distinct raw scores and many nodes."""
+    groups: dict[float, list[str]] = {}
+    for n, v in raw.items():
+        groups.setdefault(v, []).append(n)
+    out: list[str] = []
+    for v in heapq.nlargest(k, groups):
+        out.extend(heapq.nsmallest(k - len(out), groups[v]))
+        if len(out) >= k:
+            break
+    return out
 
 
 def to_levels(raw: Mapping[str, float]) -> dict[str, int]:
@@ -61,13 +83,85 @@ def to_levels(raw: Mapping[str, float]) -> dict[str, int]:
     in-tree scores do not differ; equally good nodes stay one level below, so in-tree
     preferences can still choose among them.
     """
-    top = best(raw)
-    if top is None:
-        return {}
-    distinct = sorted(set(raw.values()), reverse=True)
-    tier = {v: i + 1 for i, v in enumerate(distinct)}  # the top value's tier is 1
-    if not any(v == raw[top] for n, v in raw.items() if n != top):
-        tier = {v: t - 1 for v, t in tier.items()}  # no ties with the pick: no gap
-    levels = {n: max(0, MAX_SCORE - tier[v]) for n, v in raw.items()}
-    levels[top] = MAX_SCORE
+    top, by_value = rank(raw)
+    levels = {n: by_value.get(v, 0) for n, v in raw.items()}
+    if top is not None:
+        levels[top] = MAX_SCORE
     return levels
+
+
+def rank(raw: Mapping[str, float]) -> tuple[str | None, dict[float, int]]:
+    """(`best`, the level of each raw value that earns one): the pieces of `to_levels`,
+    for the request path to apply in the one pass that writes its answer. The pick
+    gets MAX_SCORE whatever its value's level says."""
+    if not raw:
+        return None, {}
+    values = list(raw.values())
+    top_value = max(values)
+    top = min(n for n, v in raw.items() if v == top_value)
+    gap = 1 if values.count(top_value) > 1 else 0  # nodes tied with the pick: level 9
+    # Only the top eleven distinct values can get a level above 0.
+    distinct = heapq.nlargest(MAX_SCORE + 1, set(values))
+    return top, {v: MAX_SCORE - i - gap for i, v in enumerate(distinct) if i + gap < MAX_SCORE}
+
+
+class ScoreMemo:
+    """Raw scores by node, reused while the node's state and the policy's tables stay
+    the same.
+
+    Between two pods of a burst only the nodes that took a pod change, yet every
+    request names every node: recomputing 5,000 scores per request is most of the
+    extender's CPU, and that CPU is taken from the scheduler and the API server on the
+    same machine. A `NodeState` is immutable and replaced whenever its node or its pods
+    change, so the state object itself is the key (an identity check, not a
+    comparison); `Policy.scores_version` covers what the policy learned. One memo per
+    (policy, pod shape), the `max_shapes` most recently used kept. Not thread-safe:
+    the API calls it under its decision lock.
+    """
+
+    def __init__(self, max_shapes: int = 16, max_nodes: int = 100_000) -> None:
+        self.max_shapes = max_shapes
+        self.max_nodes = max_nodes  # per shape: node names come and go
+        self._memos: OrderedDict[
+            tuple[str, PodShape], tuple[object, dict[str, tuple[NodeState, float | None]]]
+        ] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def scores(
+        self,
+        policy: Policy,
+        shape: PodShape,
+        names: Iterable[str],
+        states: Mapping[str, NodeState | None],
+    ) -> dict[str, float]:
+        """Raw scores of the named nodes that can host the pod (others are left out)."""
+        key = (policy.name, shape)
+        version = policy.scores_version()
+        entry = self._memos.get(key)
+        if entry is None or entry[0] != version or len(entry[1]) > self.max_nodes:
+            entry = self._memos[key] = (version, {})
+            if len(self._memos) > self.max_shapes:
+                self._memos.popitem(last=False)
+        else:
+            self._memos.move_to_end(key)
+        memo = entry[1]
+        out: dict[str, float] = {}
+        hits = misses = 0
+        for name in names:
+            st = states.get(name)
+            if st is None:
+                continue
+            hit = memo.get(name)
+            if hit is not None and hit[0] is st:
+                hits += 1
+                raw = hit[1]
+            else:
+                misses += 1
+                raw = policy.raw_score(st, shape) if st.can_host(shape) else None
+                memo[name] = (st, raw)
+            if raw is not None:
+                out[name] = raw
+        self.hits += hits
+        self.misses += misses
+        return out

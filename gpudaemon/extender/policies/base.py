@@ -19,6 +19,11 @@ class Policy(Protocol):
         """Higher is better. Only the order between nodes matters."""
         ...
 
+    def scores_version(self) -> object:
+        """Changes whenever the same node state and pod may score differently (what the
+        policy learned moved on): scores memoized under another version are dropped."""
+        ...
+
 
 def utilization(node: NodeState) -> float:
     """Measured utilization in [0, 1]; unknown counts as idle."""

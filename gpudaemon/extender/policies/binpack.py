@@ -20,6 +20,9 @@ class BinPack:
     def __init__(self, utilization_weight: float = 0.5) -> None:
         self.utilization_weight = utilization_weight  # < 1: a tie-break, never more
 
+    def scores_version(self) -> object:
+        return 0  # a pure function of (node, pod): nothing learned
+
     def raw_score(self, node: NodeState, pod: PodShape) -> float:
         free_after = node.gpus_free - pod.gpus
         return -float(free_after) + self.utilization_weight * utilization(node)

@@ -288,6 +288,13 @@ class Fragmentation:
                 state = self._state = (_Tables(typical, self._applied), {})
             return state
 
+    def scores_version(self) -> object:
+        """The tables' version: they change only at `observe`, so scores taken between
+        two observations agree."""
+        if self._state is None:
+            self._refresh()
+        return self._version
+
     def fragmentation(self, node: NodeState) -> int:
         """The node's fragmentation under the current tables."""
         self._note_node(node)

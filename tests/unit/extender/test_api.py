@@ -132,14 +132,54 @@ def test_pod_without_gpus_passes_through_neutrally() -> None:
     assert {h["Score"] for h in p} == {0}
 
 
-def test_filter_picks_best_returns_one_node_and_assumes_it() -> None:
-    api, c, _ = make_api(filter_picks_best=True)
+def test_one_candidate_returns_the_pick_alone_and_assumes_it() -> None:
+    api, c, reg = make_api(candidates=1)
     _, res = call(
         api, "/filter", json.dumps({"Pod": pod("p", 2), "NodeNames": ["a", "b", "c"]}).encode()
     )
     assert res["NodeNames"] == ["a"]
-    assert "packs better" in res["FailedNodes"]["b"]
+    # Outranked nodes are counted, not listed: the pod fits, so the scheduler would
+    # never show those reasons, only decode them.
+    assert res["FailedNodes"] == {}
+    assert (
+        reg.get_sample_value("gpudaemon_extender_filter_nodes_total", {"result": "outranked"}) == 2
+    )
     assert c.states(["a"])["a"].gpus_free == 0  # type: ignore[union-attr]
+
+
+def test_candidates_narrow_to_the_best_in_order_and_prioritize_ranks_them() -> None:
+    api, c, _ = make_api(candidates=2)
+    body = json.dumps({"Pod": pod("p", 2), "NodeNames": ["c", "b", "a", "sick", "old"]}).encode()
+    _, res = call(api, "/filter", body)
+    assert res["NodeNames"] == ["a", "b"]  # binpack: a is left with 0 free, b with 4
+    assert set(res["FailedNodes"]) == {"sick", "old"}  # real reasons are still listed
+    assert c.states(["a"])["a"].gpus_free == 2  # two candidates: /prioritize assumes
+    _, scores = call(
+        api, "/prioritize", json.dumps({"Pod": pod("p", 2), "NodeNames": ["a", "b"]}).encode()
+    )
+    assert scores == [{"Host": "a", "Score": 10}, {"Host": "b", "Score": 9}]
+    assert c.states(["a"])["a"].gpus_free == 0
+
+
+def test_candidates_fill_up_with_nodes_only_the_scheduler_thinks_fit() -> None:
+    """A node our CPU view rejects but the scheduler's filters accepted is still offered
+    when too few scored nodes remain: the scheduler decides, as without narrowing."""
+    api, _, _ = make_api(candidates=2)
+    big = pod("p", 2)
+    big["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "10000"  # fits nowhere
+    _, res = call(api, "/filter", json.dumps({"Pod": big, "NodeNames": ["c", "b", "a"]}).encode())
+    assert res["NodeNames"] == ["c", "b"]
+
+
+def test_candidates_above_the_feasible_count_change_nothing() -> None:
+    api, _, reg = make_api(candidates=5)
+    _, res = call(
+        api, "/filter", json.dumps({"Pod": pod("p", 2), "NodeNames": ["c", "b", "a"]}).encode()
+    )
+    assert res["NodeNames"] == ["c", "b", "a"]
+    assert (
+        reg.get_sample_value("gpudaemon_extender_filter_nodes_total", {"result": "outranked"}) == 0
+    )
 
 
 @pytest.mark.parametrize(

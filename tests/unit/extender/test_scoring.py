@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpudaemon.extender.policies import BinPack, Spread
-from gpudaemon.extender.scoring import best, check_node, to_levels
+from gpudaemon.extender.scoring import ScoreMemo, best, best_nodes, check_node, to_levels
 from gpudaemon.extender.state import NodeState, PodShape
 
 
@@ -110,3 +112,83 @@ def test_best_breaks_ties_by_node_name() -> None:
     assert best({"b": 1.0, "a": 1.0}) == "a"
     assert best({"b": 2.0, "a": 1.0}) == "b"
     assert best({}) is None
+
+
+raws = st.dictionaries(
+    st.sampled_from([f"n{i:02d}" for i in range(40)]),
+    st.sampled_from([-3.0, -2.5, -1.0, 0.0, 0.25, 1.0, 7.0]),  # few values: many ties
+)
+
+
+def _reference_levels(raw: dict[str, float]) -> dict[str, int]:
+    """to_levels as first written: rank tiers, the pick alone at 10, ties one below."""
+    if not raw:
+        return {}
+    pick = min(raw, key=lambda n: (-raw[n], n))
+    tier = {v: i + 1 for i, v in enumerate(sorted(set(raw.values()), reverse=True))}
+    if not any(v == raw[pick] for n, v in raw.items() if n != pick):
+        tier = {v: t - 1 for v, t in tier.items()}
+    levels = {n: max(0, 10 - tier[v]) for n, v in raw.items()}
+    levels[pick] = 10
+    return levels
+
+
+@given(raws)
+def test_to_levels_matches_the_reference_rule(raw: dict[str, float]) -> None:
+    assert to_levels(raw) == _reference_levels(raw)
+
+
+@given(raws, st.integers(1, 50))
+def test_best_nodes_are_the_k_first_in_best_order(raw: dict[str, float], k: int) -> None:
+    expected = sorted(raw, key=lambda n: (-raw[n], n))[:k]
+    assert best_nodes(raw, k) == expected
+    if raw:
+        assert best_nodes(raw, k)[0] == best(raw)
+
+
+class CountingPolicy:
+    name = "counting"
+    scores_gpuless_pods = False
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.version = 0
+
+    def scores_version(self) -> object:
+        return self.version
+
+    def raw_score(self, node: NodeState, pod: PodShape) -> float:
+        self.calls += 1
+        return float(-node.gpus_free)
+
+
+def test_score_memo_reuses_scores_while_the_node_state_object_is_the_same() -> None:
+    memo, policy, pod = ScoreMemo(), CountingPolicy(), PodShape(1)
+    states: dict[str, NodeState | None] = {"a": node("a"), "b": node("b", used=3)}
+    assert memo.scores(policy, pod, ["a", "b"], states) == {"a": -8.0, "b": -5.0}
+    assert memo.scores(policy, pod, ["a", "b"], states) == {"a": -8.0, "b": -5.0}
+    assert policy.calls == 2 and memo.hits == 2
+    # The node changed (a pod landed): its new state is scored, the other is not.
+    states["a"] = node("a", used=1)
+    assert memo.scores(policy, pod, ["a", "b"], states) == {"a": -7.0, "b": -5.0}
+    assert policy.calls == 3
+    # What the policy learned moved on: everything is scored again.
+    policy.version += 1
+    memo.scores(policy, pod, ["a", "b"], states)
+    assert policy.calls == 5
+
+
+def test_score_memo_leaves_out_nodes_that_cannot_host_or_are_unknown() -> None:
+    memo, policy = ScoreMemo(), CountingPolicy()
+    states: dict[str, NodeState | None] = {"full": node("full", used=8), "gone": None}
+    assert memo.scores(policy, PodShape(1), ["full", "gone", "never"], states) == {}
+    assert memo.scores(policy, PodShape(1), ["full"], states) == {}
+    assert policy.calls == 0
+
+
+def test_score_memo_keeps_one_memo_per_shape_and_drops_the_least_recent() -> None:
+    memo, policy = ScoreMemo(max_shapes=2), CountingPolicy()
+    states: dict[str, NodeState | None] = {"a": node("a")}
+    for gpus in (1, 2, 1, 3, 1, 2):  # 2 is dropped when 3 arrives; 1 stays in use
+        memo.scores(policy, PodShape(gpus), ["a"], states)
+    assert policy.calls == 4  # 1, 2, 3, then 2 again
