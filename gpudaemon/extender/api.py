@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from loguru import logger
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from gpudaemon.extender.cluster import ClusterState
@@ -25,6 +26,7 @@ from gpudaemon.extender.policies.base import Policy
 from gpudaemon.extender.scoring import MAX_SCORE, Rejection, ScoreMemo, best_nodes, check_node, rank
 from gpudaemon.extender.state import NodeState, PodShape
 from gpudaemon.httpserver import Readiness, StartResponse, probe_response, text_response
+from gpudaemon.logsetup import LogLimiter
 
 JSON_HEADERS = [("Content-Type", "application/json")]
 
@@ -111,6 +113,7 @@ class ExtenderApi:
         self.clock = clock
         self._lock = threading.Lock()
         self._scores = ScoreMemo()  # used under _lock
+        self._bug_log = LogLimiter(60.0)  # a traceback per kind of failure per minute
         self._metrics_app = make_wsgi_app(registry)
 
     # -- WSGI ---------------------------------------------------------------------
@@ -151,6 +154,12 @@ class ExtenderApi:
         except BadRequest as e:
             code = "400"
             return _reply(start_response, "400 Bad Request", {"Error": str(e)})
+        except Exception as e:  # a bug: answer in the wire format, keep serving
+            code = "500"
+            if self._bug_log.allow(type(e).__name__):
+                logger.opt(exception=e).error("extender: {} failed: {!r}", verb, e)
+            reason = f"gpudaemon extender: internal error in {verb}: {type(e).__name__}"
+            return _reply(start_response, "500 Internal Server Error", {"Error": reason})
         finally:
             self.metrics.requests.labels(verb, code).inc()
             self.metrics.request_seconds.labels(verb).observe(self.clock() - t0)

@@ -253,3 +253,28 @@ def test_concurrent_prioritize_never_assumes_past_capacity() -> None:
     # 2 + 6 + 8 = 16 free: the first 16 pods are assumed, the rest found nothing free
     assert all(s is not None and s.gpus_requested <= s.gpus_allocatable for s in states.values())
     assert sum(s.gpus_free for s in states.values() if s) == 0
+
+
+def test_a_bug_answers_500_in_the_wire_format_and_logs_once(
+    lines: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api, _, reg = make_api()
+
+    def broken(*_: Any) -> None:
+        raise KeyError("boom")
+
+    monkeypatch.setattr(api.cluster, "states", broken)
+    body = json.dumps({"Pod": pod("p", 1), "NodeNames": ["a"]}).encode()
+    for _ in range(3):
+        status, res = call(api, "/filter", body)
+        assert status.startswith("500")
+        assert res == {"Error": "gpudaemon extender: internal error in filter: KeyError"}
+    assert reg.get_sample_value(
+        "gpudaemon_extender_requests_total", {"verb": "filter", "code": "500"}
+    ) == 3
+    errors = [m for level, m in lines if level == "ERROR"]
+    assert len(errors) == 1 and "filter failed" in errors[0]
+    # ... and the next good request is served as usual.
+    monkeypatch.undo()
+    status, _ = call(api, "/filter", body)
+    assert status.startswith("200")
