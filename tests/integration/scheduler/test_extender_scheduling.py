@@ -178,3 +178,37 @@ def test_a_burst_never_overcommits_and_packs_as_tightly_as_one_at_a_time(rig: Sc
     assert used(burst) <= used(one_by_one), (burst, one_by_one)
     assert used(one_by_one) == 7  # 50 one-GPU pods fill six nodes and part of a seventh
     print(f"burst of 50 bound in {elapsed:.1f}s over {used(burst)} nodes")
+
+
+def test_with_one_candidate_a_burst_takes_one_round_trip_per_pod_and_still_packs(
+    rig: SchedulerRig,
+) -> None:
+    """`extender.candidates: 1`: /filter returns the pick alone and assumes it, so the
+    real scheduler skips /prioritize; a burst must still neither overcommit nor spread."""
+    ext = rig.extender
+    assert ext is not None
+    group, nodes = make_group(rig, 6)
+
+    def requests(verb: str) -> float:
+        return (
+            ext.registry.get_sample_value(
+                "gpudaemon_extender_requests_total", {"verb": verb, "code": "200"}
+            )
+            or 0.0
+        )
+
+    before = {v: requests(v) for v in ("filter", "prioritize")}
+    ext.api.candidates = 1
+    try:
+        names = [rig.create_pod(1, group) for _ in range(30)]  # all at once
+        for n in names:
+            rig.wait_bound(n, timeout=60)
+        placed = rig.gpus_by_node(nodes)
+    finally:
+        ext.api.candidates = ext.cfg.extender.candidates
+    rig.delete_pods(names)
+
+    assert sum(placed.values()) == 30 and max(placed.values()) <= 8, placed
+    assert sum(1 for v in placed.values() if v) == 4, placed  # 30 GPUs: 3 full nodes + 6
+    assert requests("filter") - before["filter"] >= 30
+    assert requests("prioritize") == before["prioritize"]  # never called
