@@ -269,9 +269,10 @@ def test_a_bug_answers_500_in_the_wire_format_and_logs_once(
         status, res = call(api, "/filter", body)
         assert status.startswith("500")
         assert res == {"Error": "gpudaemon extender: internal error in filter: KeyError"}
-    assert reg.get_sample_value(
-        "gpudaemon_extender_requests_total", {"verb": "filter", "code": "500"}
-    ) == 3
+    assert (
+        reg.get_sample_value("gpudaemon_extender_requests_total", {"verb": "filter", "code": "500"})
+        == 3
+    )
     errors = [m for level, m in lines if level == "ERROR"]
     assert len(errors) == 1 and "filter failed" in errors[0]
     # ... and the next good request is served as usual.
