@@ -311,9 +311,20 @@ def labels() -> str:
 # -- the chart's values schema -------------------------------------------------------------
 
 
+_BOUNDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
+
+
 def _strip_titles(node: Any) -> Any:
+    """Titles out, and pydantic's bound names into JSON Schema's: a bound on a type with
+    a validator in front (WholeNumber, Number) comes out as `ge`/`le`, which JSON Schema
+    (and so `helm install`) would ignore."""
     if isinstance(node, dict):
-        return {k: _strip_titles(v) for k, v in node.items() if k != "title"}
+        numeric = node.get("type") in ("integer", "number")
+        return {
+            (_BOUNDS.get(k, k) if numeric else k): _strip_titles(v)
+            for k, v in node.items()
+            if k != "title"
+        }
     if isinstance(node, list):
         return [_strip_titles(v) for v in node]
     return node

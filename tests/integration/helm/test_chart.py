@@ -197,6 +197,14 @@ def test_one_prefix_for_agent_and_policy(helm: str) -> None:
             "at '/extender/config/extender/policy': value must be one of",
         ),
         (
+            ["--set", "extender.config.extender.candidates=-1"],
+            "at '/extender/config/extender/candidates': minimum: got -1, want 0",
+        ),
+        (
+            ["--set", "agent.config.kubernetes.lease_duration_seconds=5"],
+            "at '/agent/config/kubernetes/lease_duration_seconds': minimum: got 5, want 10",
+        ),
+        (
             ["--set", "agent.resources.requests=64Mi"],
             "at '/agent/resources/requests': got string, want object",
         ),
