@@ -9,11 +9,16 @@ import threading
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from gpudaemon.extender.api import ExtenderApi
 from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.extender.policies import BinPack, Spread
+from gpudaemon.extender.policies.fragmentation import Fragmentation, Workload
+from gpudaemon.extender.scoring import best_nodes, to_levels
+from gpudaemon.extender.state import PodShape
 from tests.clock import FakeClock
 from tests.unit.extender.test_cluster import lease_obj, node_obj, pod_obj
 
@@ -279,3 +284,60 @@ def test_a_bug_answers_500_in_the_wire_format_and_logs_once(
     monkeypatch.undo()
     status, _ = call(api, "/filter", body)
     assert status.startswith("200")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["bind", "unbind", "schedule"]),
+            st.integers(0, 5),
+            st.sampled_from([1, 2, 4, 8]),
+            st.sampled_from(["fragmentation", "binpack", "spread"]),
+        ),
+        max_size=25,
+    )
+)
+def test_memoized_answers_equal_scores_computed_afresh(
+    ops: list[tuple[str, int, int, str]],
+) -> None:
+    """Whatever happens between requests (pods bound and gone, assumptions, the
+    fragmentation tables relearned), /prioritize ranks exactly as scoring every node
+    from scratch would, and /filter's candidates are the best of those."""
+    wall = FakeClock()
+    c = ClusterState("gpudaemon.io/", wall=wall)
+    names = [f"n{i}" for i in range(6)]
+    c.replace_nodes([node_obj(n, uid=n, util=[10 * i]) for i, n in enumerate(names)])
+    c.replace_pods([])
+    c.replace_leases([lease_obj(n, wall(), 300, owner_uid=n) for n in names])
+    frag = Fragmentation(Workload(window=6, refresh_every=2))
+    policies = {"fragmentation": frag, "binpack": BinPack(), "spread": Spread()}
+    api = ExtenderApi(
+        c, policies, "fragmentation", CollectorRegistry(), lambda: (True, "ok"),
+        observe=frag.observe, candidates=2,
+    )  # fmt: skip
+    bound: list[str] = []
+    for k, (op, i, gpus, policy) in enumerate(ops):
+        if op == "bind":
+            bound.append(f"b{k}")
+            c.pod_event("ADDED", pod_obj(f"b{k}", names[i], gpus))
+        elif op == "unbind" and bound:
+            c.pod_event("DELETED", pod_obj(bound.pop(i % len(bound)), "", gpus))
+        elif op == "schedule":
+            body = json.dumps({"Pod": pod(f"s{k}", gpus, policy), "NodeNames": names}).encode()
+            _, filtered = call(api, "/filter", body)
+            # afresh: every node that fits, scored directly on the current states
+            states = c.states(names)
+            raw = {
+                n: policies[policy].raw_score(s, PodShape(gpus, 1000))
+                for n, s in states.items()
+                if s is not None and s.can_host(PodShape(gpus, 1000))
+            }
+            if len(raw) > 2:  # narrowed to the best two, best first
+                assert filtered["NodeNames"] == best_nodes(raw, 2)
+            else:  # nothing to narrow: every node that fits, in the scheduler's order
+                assert set(filtered["NodeNames"]) == set(raw)
+            _, scores = call(api, "/prioritize", body)
+            assert {h["Host"]: h["Score"] for h in scores} == {
+                n: to_levels(raw).get(n, 0) for n in names
+            }
