@@ -146,6 +146,12 @@ class ExtenderApi:
                 length = int(environ.get("CONTENT_LENGTH") or 0)
             except ValueError:
                 length = -1
+            ready, why = self.ready()
+            if not ready:  # empty caches would judge every node "no agent data": that
+                # would mark pods unschedulable; an error makes the scheduler retry soon
+                code = "503"
+                body = {"Error": f"gpudaemon extender not ready: {why}"}
+                return _reply(start_response, "503 Service Unavailable", body)
             if length <= 0:
                 raise BadRequest("request body is empty (send ExtenderArgs as JSON)")
             args = parse_args(environ["wsgi.input"].read(length))

@@ -212,3 +212,29 @@ def test_with_one_candidate_a_burst_takes_one_round_trip_per_pod_and_still_packs
     assert sum(1 for v in placed.values() if v) == 4, placed  # 30 GPUs: 3 full nodes + 6
     assert requests("filter") - before["filter"] >= 30
     assert requests("prioritize") == before["prioritize"]  # never called
+
+
+def test_while_the_extender_is_away_gpu_pods_wait_then_schedule_when_it_is_back(
+    rig: SchedulerRig,
+) -> None:
+    """3 a.m.: the extender dies. GPU pods must wait (ignorable: false) with the reason in
+    their events, not land unchecked; once it is back they schedule without anyone
+    touching them. Runs last in this module: it replaces the rig's extender."""
+    group, nodes = make_group(rig, 1)
+    ext = rig.extender
+    assert ext is not None
+    port = ext.server.port
+    ext.close()
+    try:
+        name = rig.create_pod(1, group)
+        wait_for(
+            lambda: any(f"127.0.0.1:{port}" in m for m in rig.events_for(name)),
+            timeout=30,
+            interval=0.3,
+            what="a FailedScheduling event naming the extender",
+        )
+        assert not rig.pod(name)["spec"].get("nodeName")
+    finally:
+        rig.start_extender(policy="binpack", listen=f"127.0.0.1:{port}")
+    assert rig.wait_bound(name, timeout=60) == nodes[0]
+    rig.delete_pods([name])

@@ -341,3 +341,21 @@ def test_memoized_answers_equal_scores_computed_afresh(
             assert {h["Host"]: h["Score"] for h in scores} == {
                 n: to_levels(raw).get(n, 0) for n in names
             }
+
+
+def test_until_the_caches_have_listed_verbs_answer_503_not_a_judgement() -> None:
+    """Empty caches would filter every node out as "no agent data" and the scheduler
+    would park the pod as unschedulable; an error makes it retry with backoff."""
+    api, _, reg = make_api()
+    api.ready = lambda: (False, "waiting for the first list of: pods")
+    body = json.dumps({"Pod": pod("p", 1), "NodeNames": ["a"]}).encode()
+    for verb in ("/filter", "/prioritize"):
+        status, res = call(api, verb, body)
+        assert status.startswith("503")
+        assert res == {"Error": "gpudaemon extender not ready: waiting for the first list of: pods"}
+    assert (
+        reg.get_sample_value("gpudaemon_extender_requests_total", {"verb": "filter", "code": "503"})
+        == 1
+    )
+    api.ready = lambda: (True, "ok")
+    assert call(api, "/filter", body)[0].startswith("200")
