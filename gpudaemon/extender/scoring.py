@@ -141,10 +141,9 @@ class ScoreMemo:
         entry = self._memos.get(key)
         if entry is None or entry[0] != version or len(entry[1]) > self.max_nodes:
             entry = self._memos[key] = (version, {})
-            if len(self._memos) > self.max_shapes:
-                self._memos.popitem(last=False)
-        else:
-            self._memos.move_to_end(key)
+        self._memos.move_to_end(key)
+        if len(self._memos) > self.max_shapes:
+            self._memos.popitem(last=False)
         memo = entry[1]
         out: dict[str, float] = {}
         hits = misses = 0
