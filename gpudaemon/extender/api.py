@@ -35,6 +35,12 @@ class BadRequest(ValueError):
     """The body is not a valid ExtenderArgs: answered 400 with this message."""
 
 
+class NotReady(RuntimeError):
+    """The caches have not listed yet: answered 503, so the scheduler retries soon.
+    Empty caches would judge every node "no agent data" and the scheduler would park
+    the pod as unschedulable."""
+
+
 @dataclass(frozen=True)
 class Args:
     pod: Mapping[str, Any]
@@ -146,12 +152,6 @@ class ExtenderApi:
                 length = int(environ.get("CONTENT_LENGTH") or 0)
             except ValueError:
                 length = -1
-            ready, why = self.ready()
-            if not ready:  # empty caches would judge every node "no agent data": that
-                # would mark pods unschedulable; an error makes the scheduler retry soon
-                code = "503"
-                body = {"Error": f"gpudaemon extender not ready: {why}"}
-                return _reply(start_response, "503 Service Unavailable", body)
             if length <= 0:
                 raise BadRequest("request body is empty (send ExtenderArgs as JSON)")
             args = parse_args(environ["wsgi.input"].read(length))
@@ -160,6 +160,10 @@ class ExtenderApi:
         except BadRequest as e:
             code = "400"
             return _reply(start_response, "400 Bad Request", {"Error": str(e)})
+        except NotReady as e:
+            code = "503"
+            body = {"Error": f"gpudaemon extender not ready: {e}"}
+            return _reply(start_response, "503 Service Unavailable", body)
         except Exception as e:  # a bug: answer in the wire format, keep serving
             code = "500"
             if self._bug_log.allow(type(e).__name__):
@@ -188,6 +192,7 @@ class ExtenderApi:
         shape = self._shape(args.pod)
         if shape.gpus <= 0:  # not ours to judge: pass everything through, quickly
             return self._filter_result(args, args.names, {})
+        self._require_ready()
         uid = _uid(args.pod)
         if self.observe is not None:
             self.observe(uid, shape)
@@ -213,14 +218,18 @@ class ExtenderApi:
                 # scheduler a map of every node to decode per pod.
                 policy = self._policy(args.pod)
                 raw = self._scores.scores(policy, shape, passed, states)
-                keep = best_nodes(raw, self.candidates)
-                if len(keep) < self.candidates:  # unscored: our CPU/memory view says no,
-                    # the scheduler's says yes; it decides, as it would without narrowing
-                    keep += [n for n in passed if n not in raw][: self.candidates - len(keep)]
-                removed["outranked"] += len(passed) - len(keep)
-                passed = keep
-                if len(keep) == 1:  # the scheduler will not call /prioritize: assume now
-                    self._assume(uid, keep[0], shape)
+                if raw:  # none scorable (our CPU/memory view says no node fits, the
+                    # scheduler's says some do): leave the choice to the scheduler
+                    keep = best_nodes(raw, self.candidates)
+                    if len(keep) < self.candidates:  # fill up with the unscored ones
+                        keep += [n for n in passed if n not in raw][: self.candidates - len(keep)]
+                    removed["outranked"] += len(passed) - len(keep)
+                    passed = keep
+            if len(passed) == 1 and (s := states[passed[0]]) is not None and s.can_host(shape):
+                # The scheduler skips /prioritize with one feasible node, so the pod
+                # would never be assumed: assume it here, or the next pods of a burst
+                # are judged from a count that misses it.
+                self._assume(uid, passed[0], shape)
         for reason, count in removed.items():
             self.metrics.filter_nodes.labels(reason).inc(count)
         self.metrics.filter_nodes.labels("passed").inc(len(passed))
@@ -233,6 +242,7 @@ class ExtenderApi:
         # policy judges where it strands GPUs (fragmentation does).
         if shape.gpus <= 0 and not policy.scores_gpuless_pods:
             return [{"Host": n, "Score": 0} for n in args.names]
+        self._require_ready()
         with self._lock:
             states = self.cluster.states(args.names)
             raw = self._scores.scores(policy, shape, args.names, states)
@@ -244,6 +254,11 @@ class ExtenderApi:
             {"Host": n, "Score": MAX_SCORE if n == top else level.get(get(n), 0)}  # type: ignore[arg-type]
             for n in args.names
         ]
+
+    def _require_ready(self) -> None:
+        ready, why = self.ready()
+        if not ready:
+            raise NotReady(why)
 
     def _assume(self, uid: str, node: str, shape: PodShape) -> None:
         if uid:

@@ -4,6 +4,7 @@ memo that lets a request reuse the raw scores of nodes that did not change."""
 from __future__ import annotations
 
 import heapq
+import math
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -158,6 +159,8 @@ class ScoreMemo:
             else:
                 misses += 1
                 raw = policy.raw_score(st, shape) if st.can_host(shape) else None
+                if raw is not None and not math.isfinite(raw):
+                    raw = None  # a score that orders nothing: the node is left unscored
                 memo[name] = (st, raw)
             if raw is not None:
                 out[name] = raw

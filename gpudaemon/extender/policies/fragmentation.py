@@ -223,9 +223,9 @@ class Fragmentation:
         self.workload = workload if workload is not None else Workload()
         self.utilization_weight = min(1.0, max(0.0, utilization_weight))
         self._lock = threading.Lock()
-        self._version: tuple[int, int] = (-1, -1)
-        # (tables, memo), swapped as one reference: a request reads one consistent pair.
-        self._state: tuple[_Tables, dict[NodeKey, int]] | None = None
+        # (tables, memo, version), swapped as one reference: a reader without the lock
+        # (a request scoring, `scores_version`) sees one consistent triple.
+        self._state: tuple[_Tables, dict[NodeKey, int], tuple[int, int]] | None = None
         # Static capacities of the nodes seen, for each shape's share of the cluster.
         self._nodes: dict[str, Capacity] = {}
         self._last: dict[str, NodeState] = {}
@@ -278,27 +278,28 @@ class Fragmentation:
 
     # -- scoring ----------------------------------------------------------------------
 
-    def _refresh(self) -> tuple[_Tables, dict[NodeKey, int]]:
-        wversion, typical = self.workload.typical()
+    def _refresh(self) -> tuple[_Tables, dict[NodeKey, int], tuple[int, int]]:
+        wversion, typical = self.workload.typical()  # may be overtaken by another thread's
         with self._lock:
             version = (wversion, self._capacity_applied)
             state = self._state
-            if state is None or version != self._version or len(state[1]) > _MEMO_LIMIT:
-                self._version = version
-                state = self._state = (_Tables(typical, self._applied), {})
+            # Only forward: a typical set read before another thread's newer one is not
+            # put back (the capacity count only grows, under this lock).
+            if state is None or version > state[2]:
+                state = self._state = (_Tables(typical, self._applied), {}, version)
+            elif len(state[1]) > _MEMO_LIMIT:  # same tables, memo started over
+                state = self._state = (state[0], {}, state[2])
             return state
 
     def scores_version(self) -> object:
         """The tables' version: they change only at `observe`, so scores taken between
-        two observations agree."""
-        if self._state is None:
-            self._refresh()
-        return self._version
+        two observations agree. Read from the same reference as the tables."""
+        return (self._state or self._refresh())[2]
 
     def fragmentation(self, node: NodeState) -> int:
         """The node's fragmentation under the current tables."""
         self._note_node(node)
-        tables, memo = self._state or self._refresh()
+        tables, memo, _ = self._state or self._refresh()
         return _frag(tables, memo, node_key(node))
 
     def raw_score(self, node: NodeState, pod: PodShape) -> float:
@@ -309,7 +310,7 @@ class Fragmentation:
         model = node.gpu_model
         if k > free or c > cpu or m > mem or not pod.fits_model(model):
             return _UNFIT
-        tables, memo = self._state or self._refresh()
+        tables, memo, _ = self._state or self._refresh()
         before = (model, free, cpu, mem)
         after = (model, free - k, cpu - c, mem - m)
         fb = memo.get(before)

@@ -168,12 +168,29 @@ def test_candidates_narrow_to_the_best_in_order_and_prioritize_ranks_them() -> N
 
 def test_candidates_fill_up_with_nodes_only_the_scheduler_thinks_fit() -> None:
     """A node our CPU view rejects but the scheduler's filters accepted is still offered
-    when too few scored nodes remain: the scheduler decides, as without narrowing."""
-    api, _, _ = make_api(candidates=2)
-    big = pod("p", 2)
+    when too few scored nodes remain; with none scorable nothing is narrowed: the
+    scheduler decides, as without narrowing."""
+    api, c, _ = make_api(candidates=2)
+    tight = pod("p", 2)
+    tight["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "63.5"  # only c is idle
+    _, res = call(api, "/filter", json.dumps({"Pod": tight, "NodeNames": ["a", "b", "c"]}).encode())
+    assert res["NodeNames"] == ["c", "a"]
+    big = pod("q", 2)
     big["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "10000"  # fits nowhere
     _, res = call(api, "/filter", json.dumps({"Pod": big, "NodeNames": ["c", "b", "a"]}).encode())
-    assert res["NodeNames"] == ["c", "b"]
+    assert res["NodeNames"] == ["c", "b", "a"]
+    assert c.sizes()["assumed"] == 0  # nothing assumed on a node our view cannot place it
+
+
+def test_a_single_feasible_node_is_assumed_by_filter_whatever_candidates_is() -> None:
+    """The scheduler skips /prioritize when one node is feasible: /filter must assume,
+    or the next pods of a burst are judged from a count that misses this one."""
+    for candidates in (0, 1, 10):
+        api, c, _ = make_api(candidates=candidates)
+        body = json.dumps({"Pod": pod("p", 2), "NodeNames": ["a", "sick"]}).encode()
+        _, res = call(api, "/filter", body)
+        assert res["NodeNames"] == ["a"]
+        assert c.states(["a"])["a"].gpus_free == 0, candidates  # type: ignore[union-attr]
 
 
 def test_candidates_above_the_feasible_count_change_nothing() -> None:
@@ -325,18 +342,21 @@ def test_memoized_answers_equal_scores_computed_afresh(
             c.pod_event("DELETED", pod_obj(bound.pop(i % len(bound)), "", gpus))
         elif op == "schedule":
             body = json.dumps({"Pod": pod(f"s{k}", gpus, policy), "NodeNames": names}).encode()
-            _, filtered = call(api, "/filter", body)
+            shape = PodShape(gpus, 1000)
+            frag.observe(f"s{k}", shape)  # what /filter does first (a repeat is not counted)
             # afresh: every node that fits, scored directly on the current states
-            states = c.states(names)
             raw = {
-                n: policies[policy].raw_score(s, PodShape(gpus, 1000))
-                for n, s in states.items()
-                if s is not None and s.can_host(PodShape(gpus, 1000))
+                n: policies[policy].raw_score(s, shape)
+                for n, s in c.states(names).items()
+                if s is not None and s.can_host(shape)
             }
+            _, filtered = call(api, "/filter", body)
             if len(raw) > 2:  # narrowed to the best two, best first
                 assert filtered["NodeNames"] == best_nodes(raw, 2)
             else:  # nothing to narrow: every node that fits, in the scheduler's order
                 assert set(filtered["NodeNames"]) == set(raw)
+            if len(filtered["NodeNames"]) < 2:
+                continue  # the scheduler skips /prioritize (and /filter assumed the pod)
             _, scores = call(api, "/prioritize", body)
             assert {h["Host"]: h["Score"] for h in scores} == {
                 n: to_levels(raw).get(n, 0) for n in names
@@ -359,3 +379,27 @@ def test_until_the_caches_have_listed_verbs_answer_503_not_a_judgement() -> None
     )
     api.ready = lambda: (True, "ok")
     assert call(api, "/filter", body)[0].startswith("200")
+
+
+def test_a_non_finite_score_leaves_the_node_unscored_not_a_500() -> None:
+    class Broken(BinPack):
+        def raw_score(self, node: Any, pod: Any) -> float:
+            return float("nan") if node.name == "b" else super().raw_score(node, pod)
+
+    api, _, _ = make_api()
+    api.policies["binpack"] = Broken()
+    body = json.dumps({"Pod": pod("p", 1), "NodeNames": ["a", "b", "c"]}).encode()
+    status, res = call(api, "/prioritize", body)
+    assert status.startswith("200")
+    assert {h["Host"]: h["Score"] for h in res}["b"] == 0
+
+
+def test_gpu_less_pods_pass_through_even_before_the_caches_have_listed() -> None:
+    api, _, _ = make_api()
+    api.ready = lambda: (False, "waiting")
+    status, res = call(
+        api, "/filter", json.dumps({"Pod": pod("p", 0), "NodeNames": NAMES}).encode()
+    )
+    assert status.startswith("200") and res["NodeNames"] == NAMES
+    status, _ = call(api, "/filter", json.dumps({"Pod": pod("p", 1), "NodeNames": NAMES}).encode())
+    assert status.startswith("503")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.extender.state import PodShape
@@ -163,3 +167,67 @@ def test_node_deleted_and_relist_replaces_everything() -> None:
     assert c.states(["a"])["a"] is None
     c.replace_nodes([node_obj("c")])
     assert c.sizes()["nodes"] == 1
+
+
+_events = st.lists(
+    st.one_of(
+        st.tuples(st.just("node"), st.sampled_from(["ADDED", "MODIFIED", "DELETED"]),
+                  st.sampled_from("ab"), st.sampled_from(["u1", "u2", ""])),
+        st.tuples(st.just("lease"), st.sampled_from(["ADDED", "MODIFIED", "DELETED"]),
+                  st.sampled_from("ab"), st.sampled_from(["u1", "u2", ""])),
+        st.tuples(st.just("relist-nodes"), st.just(""), st.sampled_from("ab"),
+                  st.sampled_from(["u1", "u2"])),
+        st.tuples(st.just("relist-leases"), st.just(""), st.sampled_from("ab"),
+                  st.sampled_from(["u1", "u2", ""])),
+        st.tuples(st.just("tick"), st.just(""), st.just(""), st.just("")),
+    ),
+    max_size=30,
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(_events)
+def test_precomputed_freshness_equals_the_rule_applied_to_the_objects(
+    events: list[tuple[str, str, str, str]],
+) -> None:
+    """Freshness is kept per node at event time; in every order of Node and Lease
+    events and relists it must equal the rule applied to the objects as they are:
+    an unexpired Lease whose owner is this Node object (or names no UID)."""
+    wall = FakeClock()
+    c = ClusterState(P, wall=wall)
+    nodes: dict[str, dict[str, Any]] = {}
+    leases: dict[str, dict[str, Any]] = {}
+    for kind, verb, name, uid in events:
+        if kind == "node":
+            obj = node_obj(name, uid=uid)
+            c.node_event(verb, obj)
+            if verb == "DELETED":
+                nodes.pop(name, None)
+            else:
+                nodes[name] = obj
+        elif kind == "lease":
+            obj = lease_obj(name, wall(), 60, owner_uid=uid)
+            c.lease_event(verb, obj)
+            if verb == "DELETED":
+                leases.pop(name, None)
+            else:
+                leases[name] = obj
+        elif kind == "relist-nodes":
+            nodes = {name: node_obj(name, uid=uid)}
+            c.replace_nodes(list(nodes.values()))
+        elif kind == "relist-leases":
+            leases = {name: lease_obj(name, wall(), 60, owner_uid=uid)}
+            c.replace_leases(list(leases.values()))
+        else:
+            wall.advance(45)
+        for n in "ab":
+            lease = leases.get(n)
+            owner = (lease or {}).get("metadata", {}).get("ownerReferences", [{}])[0].get("uid", "")
+            node_uid = nodes.get(n, {}).get("metadata", {}).get("uid", "")
+            expected = (
+                lease is not None
+                and lease_is_fresh(lease, datetime.fromtimestamp(wall(), UTC))
+                and not (owner and node_uid and owner != node_uid)
+            )
+            assert c.fresh(n) == expected, (n, events)
+            assert c.freshness([n]) == {n: expected}

@@ -348,3 +348,27 @@ def test_no_placement_scores_above_one_that_fragments_strictly_less(
             assert 0 < tie_break(n, pod) < 1
         else:
             assert policy.raw_score(n, pod) < -1e17
+
+
+def test_a_reader_never_sees_the_new_version_before_the_new_tables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`scores_version` and the tables are one reference: a request reading the version
+    while another thread builds new tables must get the old version (it scores with the
+    old tables), or the score memo would keep old-table scores under the new version."""
+    from gpudaemon.extender.policies import fragmentation
+
+    frag = Fragmentation(Workload(window=4, refresh_every=1))
+    frag.observe("a", PodShape(1))
+    before = frag.scores_version()
+    seen: list[object] = []
+    build = fragmentation._Tables.__init__
+
+    def slow_build(self: object, *args: object) -> None:
+        seen.append(frag.scores_version())  # another thread, mid-build
+        build(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fragmentation._Tables, "__init__", slow_build)
+    frag.observe("b", PodShape(2))  # a new typical set: new tables
+    assert seen == [before]
+    assert frag.scores_version() != before
