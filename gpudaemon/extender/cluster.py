@@ -214,8 +214,7 @@ class ClusterState:
 
     def fresh(self, name: str) -> bool:
         """The agent's Lease is unexpired and owned by this Node object."""
-        with self._lock:
-            return self.wall() < self._fresh_until.get(name, _NEVER)
+        return self.freshness([name])[name]
 
     # -- assumptions --------------------------------------------------------------
 

@@ -95,11 +95,11 @@ def rank(raw: Mapping[str, float]) -> tuple[str | None, dict[float, int]]:
     """(`best`, the level of each raw value that earns one): the pieces of `to_levels`,
     for the request path to apply in the one pass that writes its answer. The pick
     gets MAX_SCORE whatever its value's level says."""
-    if not raw:
+    top = best(raw)
+    if top is None:
         return None, {}
     values = list(raw.values())
-    top_value = max(values)
-    top = min(n for n, v in raw.items() if v == top_value)
+    top_value = raw[top]
     gap = 1 if values.count(top_value) > 1 else 0  # nodes tied with the pick: level 9
     # Only the top eleven distinct values can get a level above 0.
     distinct = heapq.nlargest(MAX_SCORE + 1, set(values))

@@ -25,6 +25,20 @@ class Policy(Protocol):
         ...
 
 
+class FreeGpuPolicy:
+    """The base of binpack and spread: they learn nothing (the score is a pure function
+    of node and pod, so `scores_version` never moves), leave GPU-less pods neutral, and
+    use measured utilization only to break ties."""
+
+    scores_gpuless_pods = False
+
+    def __init__(self, utilization_weight: float = 0.5) -> None:
+        self.utilization_weight = utilization_weight  # < 1: a tie-break, never more
+
+    def scores_version(self) -> object:
+        return 0
+
+
 def utilization(node: NodeState) -> float:
     """Measured utilization in [0, 1]; unknown counts as idle."""
     u = node.utilization_ratio
