@@ -17,6 +17,7 @@ from gpudaemon.cache import Cache
 from gpudaemon.config import Config
 from gpudaemon.errors import GpudaemonError, NvmlUnavailableError
 from gpudaemon.healthlog import HealthLog
+from gpudaemon.healthmemory import DEFAULT_STATE_FILE, HealthMemory
 from gpudaemon.labels import LabelSet, NodeLabeler
 from gpudaemon.labels.outputs import FileSink, NfdSink, NullSink, StdoutSink
 from gpudaemon.logsetup import LogLimiter
@@ -74,7 +75,14 @@ def make_label_sink(cfg: Config, metrics: AgentMetrics) -> LabelSink:
                 "writing labels to stdout instead of the API server"
             )
             return StdoutSink()
-        return NodeLabelSink(k, cfg.node_name, creds, metrics)
+        return NodeLabelSink(
+            k,
+            cfg.node_name,
+            creds,
+            metrics,
+            prefix=cfg.labels.prefix,
+            taint_unhealthy=cfg.labels.taint_unhealthy,
+        )
     return FileSink(to)
 
 
@@ -84,6 +92,17 @@ def make_history_sink(cfg: Config, registry: CollectorRegistry) -> HistorySink |
     from gpudaemon.history.writer import InfluxWriter
 
     return InfluxWriter(cfg, registry)
+
+
+def make_health_memory(cfg: Config, backend: Backend) -> HealthMemory | None:
+    """Where sticky GPU faults are remembered: "auto" is the node's state directory with
+    real NVML and nowhere with simulated GPUs (a demo leaves no files behind)."""
+    path = cfg.health.state_file
+    if path == "auto":
+        path = "" if backend.name == "simulated" else DEFAULT_STATE_FILE
+    if not path:
+        return None
+    return HealthMemory(path, backend.boot_id())
 
 
 class Agent:
@@ -109,6 +128,7 @@ class Agent:
         self.metrics.set_build(self.backend.name)
         self.cache = Cache(clock)
         self.health_log = HealthLog()  # one line when a GPU fault starts, one when it ends
+        self.health_memory = make_health_memory(cfg, self.backend)
         self.labeler = NodeLabeler(cfg.labels.prefix)
         self.label_sink = label_sink or make_label_sink(cfg, self.metrics)
         self.label_sink.set_freshness(lambda: self.readiness()[0])
@@ -184,7 +204,10 @@ class Agent:
     def _telemetry(self) -> None:
         if self.cache.get().inventory is None:
             self.cache.put_inventory(self.backend.inventory())
-        self.health_log.observe(self.cache.put_samples(self.backend.sample()).samples)
+        samples = self.backend.sample()
+        if self.health_memory is not None:
+            samples = self.health_memory.apply(samples)
+        self.health_log.observe(self.cache.put_samples(samples).samples)
 
     def _labels(self) -> None:
         snap = self.cache.get()

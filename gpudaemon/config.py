@@ -176,6 +176,10 @@ class LabelsConfig(_Section):
     to: Annotated[str, Field(min_length=1), AfterValidator(_check_labels_to)] = "apiserver"
     # NFD's local source reads feature files from here (mounted from the host).
     nfd_path: str = "/etc/kubernetes/node-feature-discovery/features.d/gpudaemon"
+    # Taint the Node `<prefix>gpu-unhealthy:NoSchedule` while any GPU is unhealthy. Off:
+    # a taint also keeps CPU-only pods off a node with seven good GPUs, which is the
+    # operator's call; the `gpu.unhealthy` label and `GPUHealthy` condition are always on.
+    taint_unhealthy: Switch = False
 
     @field_validator("prefix")
     @classmethod
@@ -275,6 +279,14 @@ class ExtenderConfig(_Section):
     typical_pods: list[TypicalPod] = []
 
 
+class HealthConfig(_Section):
+    # Where a critical XID or uncorrected ECC fault is remembered across agent restarts
+    # until the node reboots (a new boot ID). "auto": /var/lib/gpudaemon/health.json
+    # with real NVML, nothing with simulated GPUs (a laptop demo writes no state);
+    # "" turns it off. The chart mounts /var/lib/gpudaemon from the host.
+    state_file: str = "auto"
+
+
 class LoggingConfig(_Section):
     level: Literal["TRACE", "DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     json_: Switch = Field(False, alias="json")
@@ -299,6 +311,7 @@ class Config(_Section):
     influxdb: InfluxConfig = InfluxConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
     extender: ExtenderConfig = ExtenderConfig()
+    health: HealthConfig = HealthConfig()
     logging: LoggingConfig = LoggingConfig.model_validate({})
 
     @model_validator(mode="after")

@@ -30,8 +30,28 @@ def health_reason(*, lost: bool, critical_xid: int | None, ecc_uncorrected: int 
     if critical_xid is not None:
         return f"xid {critical_xid}"
     if ecc_uncorrected:
-        return "ecc uncorrected errors"
+        return STICKY_ECC_REASON
     return ""
+
+
+STICKY_ECC_REASON = "ecc uncorrected errors"
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+def is_sticky(reason: str) -> bool:
+    """Faults that need a GPU or node reset to clear: a critical XID or uncorrected ECC.
+    They are remembered across agent restarts (healthmemory.py); a lost GPU is not
+    remembered because NVML itself keeps reporting it lost until the reset."""
+    return reason.startswith("xid ") or reason == STICKY_ECC_REASON
+
+
+def host_boot_id(path: str = BOOT_ID_PATH) -> str:
+    """The kernel's boot ID: a new one means the node (and every GPU) was reset."""
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read(64).strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def lost_sample(index: int, uuid: str, xid_errors_total: Mapping[int, int]) -> GpuSample:
@@ -59,5 +79,9 @@ class Backend(Protocol):
     def inventory(self) -> NodeInventory: ...
 
     def sample(self) -> tuple[GpuSample, ...]: ...
+
+    def boot_id(self) -> str:
+        """Changes when the GPUs are reset (a node reboot); "" if unknown."""
+        ...
 
     def close(self) -> None: ...

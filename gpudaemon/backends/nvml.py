@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from loguru import logger
 
-from gpudaemon.backends.base import health_reason, is_critical_xid, lost_sample
+from gpudaemon.backends.base import health_reason, host_boot_id, is_critical_xid, lost_sample
 from gpudaemon.errors import BackendError, NvmlUnavailableError
 from gpudaemon.logsetup import LogLimiter
 from gpudaemon.model import GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
@@ -95,6 +95,9 @@ class NvmlBackend:
                 target=self._xid_loop, name="nvml-xid-events", daemon=True
             )
             self._xid_thread.start()
+
+    def boot_id(self) -> str:
+        return host_boot_id()
 
     def close(self) -> None:
         self._stop.set()

@@ -196,6 +196,9 @@ class GpuSpec(_Strict):
 
 class Profile(_Strict):
     driver_version: str = "550.54.15"
+    # The simulated node's boot ID: change it to simulate a reboot (every GPU reset),
+    # which clears the faults the agent remembers across its restarts.
+    boot_id: Annotated[str, Field(min_length=1, max_length=64)] = "simulated-boot-1"
     cuda_version: str = "12.4"
     seed: Annotated[int, Field(ge=0, le=2**64 - 1), BeforeValidator(_not_bool)] | None = None
     gpus: Annotated[tuple[GpuSpec, ...], Field(min_length=1)]
@@ -309,6 +312,9 @@ class SimulatedBackend:
         self._polls = 0
         self._lock = threading.Lock()
         self._gpus = self._build()
+
+    def boot_id(self) -> str:
+        return self.profile.boot_id
 
     def _build(self) -> list[_SimGpu]:
         gpus: list[_SimGpu] = []

@@ -32,11 +32,14 @@ from gpudaemon.errors import (
 SA_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 FIELD_MANAGER = "gpudaemon"
 APPLY_PATCH = "application/apply-patch+yaml"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 # Connect fails fast (a dead server refuses at once; a black-holed one should not hold
 # a job for long); the read timeout comes from the config.
 CONNECT_TIMEOUT_S = 3.0
 # force: keys under our prefix are ours; take them back from a hand edit.
 APPLY_QUERY = {"fieldManager": FIELD_MANAGER, "force": "true"}
+MANAGER_QUERY = {"fieldManager": FIELD_MANAGER}
 
 _ERROR_TYPES: dict[str, type[KubeError]] = {
     "unauthorized": KubeForbiddenError,
@@ -187,6 +190,18 @@ class KubeClient:
             "metadata": {"name": name, "labels": dict(labels), "annotations": dict(ann)},
         }
         return self.apply(f"/api/v1/nodes/{name}", body)
+
+    def patch_node(self, name: str, patch: Mapping[str, Any], status: bool = False) -> Any:
+        """A strategic-merge patch of the Node (or its status subresource): for the
+        lists server-side apply would take over whole (taints merge by key, conditions
+        by type), so only our own entry is touched."""
+        path = f"/api/v1/nodes/{name}" + ("/status" if status else "")
+        return self.request("PATCH", path, dict(patch), STRATEGIC_MERGE_PATCH, MANAGER_QUERY)
+
+    def json_patch_node(self, name: str, ops: list[dict[str, Any]]) -> Any:
+        """A JSON patch of the Node: with a `test` of the resourceVersion first, a list
+        (taints) is replaced only if nobody changed the Node since we read it."""
+        return self.request("PATCH", f"/api/v1/nodes/{name}", ops, JSON_PATCH, MANAGER_QUERY)
 
     def apply_lease(
         self,

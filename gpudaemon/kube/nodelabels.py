@@ -18,7 +18,9 @@ from gpudaemon.errors import KubeError, SinkError
 from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import FIELD_MANAGER, Credentials, KubeClient
 from gpudaemon.kube.lease import LeaseRenewer, renew_cron
+from gpudaemon.kube.nodehealth import NodeHealthWriter
 from gpudaemon.labels import Labels, LabelSet
+from gpudaemon.labels.sanitize import DEFAULT_PREFIX
 from gpudaemon.logsetup import LogLimiter
 from gpudaemon.schedule import Job
 
@@ -84,6 +86,8 @@ class NodeLabelSink:
         client: KubeClient | None = None,
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
+        prefix: str = DEFAULT_PREFIX,
+        taint_unhealthy: bool = False,
     ) -> None:
         if client is None:
             if creds is None:
@@ -105,6 +109,9 @@ class NodeLabelSink:
             holder=f"{k.holder_identity}/{os.getpid()}",
             clock=clock,
         )
+        self.health = NodeHealthWriter(client, node, prefix, taint=taint_unhealthy, clock=clock)
+        self._unhealthy: tuple[tuple[int, str], ...] = ()
+        self._gpus = 0
         self.fresh: Callable[[], bool] = lambda: True
         self._lock = threading.Lock()
         self._desired: dict[str, dict[str, str]] | None = None
@@ -115,6 +122,23 @@ class NodeLabelSink:
         self._lease_uid: str | None = None  # the owner in our last Lease renewal
         self._label_log = LogLimiter()  # one line per outage, one when it ends
         self._lease_log = LogLimiter()
+        # A renewal is owed: none yet for the Node the labels went to, or the last one
+        # failed. kube-retry pays it within a second (with its own backoff), so a new
+        # or restarted agent, a re-created Node or a lost Lease do not wait for the
+        # next renewal tick (minutes) before the extender trusts the node.
+        self._lease_owed = True
+        self._lease_backoff = Backoff(1.0, k.backoff_max_seconds, rng)
+        self._lease_retry_at = -float("inf")
+
+    @property
+    def client(self) -> KubeClient:
+        return self._client
+
+    @client.setter
+    def client(self, c: KubeClient) -> None:
+        self._client = c
+        if hasattr(self, "health"):
+            self.health.client = c
 
     # -- label sink interface ----------------------------------------------------------
 
@@ -128,15 +152,24 @@ class NodeLabelSink:
             raise SinkError("refusing labels that did not pass through sanitize_value")
         with self._lock:
             self._desired = ls.as_dict()
-            return self._reconcile()
+            self._unhealthy, self._gpus = ls.unhealthy, ls.gpus
+            wrote = self._reconcile()
+            return self._sync_health() or wrote
 
     def retry(self) -> bool:
-        """Scheduled every second: does nothing unless a write is pending and due.
-        Raises KubeError when the retry fails (the job wrapper counts and logs it)."""
+        """Scheduled every second: does nothing unless a write (labels, or an owed
+        Lease renewal) is pending and due. Raises KubeError when the retry fails (the
+        job wrapper counts and logs it)."""
         with self._lock:
-            if self._desired is None or self._applied == self._desired:
+            if self._desired is None:
                 return False
-            return self._reconcile()
+            if self._applied != self._desired:
+                return self._reconcile() | self._sync_health()
+            if self.health.pending(self._unhealthy, self._gpus):
+                return self._sync_health()
+            if self._lease_owed and self.clock() >= self._lease_retry_at and self.fresh():
+                return self._renew()
+            return False
 
     def jobs(self) -> list[Job]:
         return [
@@ -169,6 +202,7 @@ class NodeLabelSink:
                 node = self.client.get_node(self.node)
                 self._same_node(node)
                 self._node_uid = _uid(node)
+                self.health.seen(node)
                 if in_sync(node, desired):
                     self._written(desired, now, "unchanged")
                     return False
@@ -198,6 +232,30 @@ class NodeLabelSink:
         self._written(desired, now, "success")
         return True
 
+    def _sync_health(self) -> bool:
+        """The GPUHealthy condition and optional taint, once the labels are in place
+        (they share the labels' backoff). Raises KubeError when the write fails."""
+        if self._applied is None or self._applied != self._desired:
+            return False
+        now = self.clock()
+        if now < self._retry_at:
+            return False
+        try:
+            return self.health.sync(self._unhealthy, self._gpus)
+        except KubeError as e:
+            self.health.forget()
+            delay = self.backoff.next_delay()
+            self._retry_at = now + delay
+            if self._label_log.allow():
+                logger.warning(
+                    "node {}: GPU health condition not written: {}; retrying with backoff",
+                    self.node,
+                    e,
+                )
+            err = type(e)(f"node {self.node}: GPU health not written: {e}", e.status)
+            err.reported = True
+            raise err from None
+
     def _same_node(self, node: Mapping[str, Any]) -> bool:
         """False, with one log line, when the Node's UID is not the one we wrote to."""
         uid = _uid(node)
@@ -211,6 +269,7 @@ class NodeLabelSink:
             uid,
         )
         self._node_uid = None
+        self.health.forget()
         return False
 
     def _written(self, desired: dict[str, dict[str, str]], now: float, result: str) -> None:
@@ -220,11 +279,12 @@ class NodeLabelSink:
         self._ok(now, result)
         if self._label_log.forget():
             logger.info("node {}: labels written after {} failed attempt(s)", self.node, failures)
-        if self._lease_uid not in (None, self._node_uid) and self.fresh():
-            # The Lease names another Node (re-created): re-own it now, not at the
-            # next renewal, so readers trust the new labels within this reconcile
-            # (only while the data is fresh, as for every renewal).
-            with contextlib.suppress(KubeError):  # logged; the lease job retries
+        if (self._lease_owed or self._lease_uid != self._node_uid) and self.fresh():
+            # The first labels of this process, or the Lease names another Node
+            # (re-created): renew now, together with the labels, not at the next
+            # renewal tick, so readers trust the node within this reconcile (only
+            # while the data is fresh, as for every renewal).
+            with contextlib.suppress(KubeError):  # logged; kube-retry retries it
                 self._renew()
 
     def _ok(self, now: float, result: str) -> None:
@@ -249,6 +309,8 @@ class NodeLabelSink:
             try:
                 same = self._same_node(self.client.get_node(self.node, cached=True))
             except KubeError as e:
+                self._lease_owed = True
+                self._lease_retry_at = self.clock() + self._lease_backoff.next_delay()
                 self._lease_failed(type(e)(f"node {self.node}: lease not renewed: {e}", e.status))
             if not same:
                 self._applied = None  # kube-retry writes the labels again
@@ -261,8 +323,12 @@ class NodeLabelSink:
         try:
             self.lease.renew(uid)
         except KubeError as e:
+            self._lease_owed = True
+            self._lease_retry_at = self.clock() + self._lease_backoff.next_delay()
             self._lease_failed(e)
         self._lease_uid = uid
+        self._lease_owed = False
+        self._lease_backoff.reset()
         if self._lease_log.forget():
             logger.info("node {}: lease renewed again", self.node)
         return True

@@ -20,6 +20,10 @@ class LabelSet:
 
     labels: Labels
     annotations: dict[str, str] = field(default_factory=dict)
+    # (index, reason) of each unhealthy GPU, and the GPU count: for the Node condition
+    # and the optional taint, which the API-server sink writes beside the labels.
+    unhealthy: tuple[tuple[int, str], ...] = ()
+    gpus: int = 0
 
     def as_dict(self) -> dict[str, dict[str, str]]:
         return {"labels": dict(self.labels), "annotations": dict(self.annotations)}
@@ -42,6 +46,10 @@ class NodeLabeler:
         return LabelSet(
             labels=Labels(self.prefix, merge(self.labelers, snap)),
             annotations=self.annotator.annotations(snap),
+            unhealthy=tuple(
+                (s.index, s.health_reason or "unhealthy") for s in snap.samples if not s.healthy
+            ),
+            gpus=len(snap.samples),
         )
 
 

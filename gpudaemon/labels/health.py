@@ -1,4 +1,6 @@
-"""The healthy-GPU count: it changes only when a GPU's health changes, not with load."""
+"""The healthy and unhealthy GPU counts: they change only when a GPU's health changes,
+not with load. `gpu.unhealthy` is always present (0 on a healthy node) so that
+`nodeSelector: {<prefix>gpu.unhealthy: "0"}` keeps pods off sick nodes."""
 
 from __future__ import annotations
 
@@ -10,4 +12,5 @@ class HealthLabeler:
     def labels(self, snap: Snapshot) -> RawLabels:
         if snap.inventory is None or not snap.samples:
             return {}
-        return {"gpu.healthy": sum(1 for s in snap.samples if s.healthy)}
+        healthy = sum(1 for s in snap.samples if s.healthy)
+        return {"gpu.healthy": healthy, "gpu.unhealthy": len(snap.samples) - healthy}

@@ -45,6 +45,9 @@ class FakeClient:
         self.calls: list[str] = []
         self.fail: KubeError | None = None
         self.leases: list[dict[str, Any]] = []
+        self.conditions: dict[str, dict[str, Any]] = {}  # by type
+        self.taints: list[dict[str, Any]] = []
+        self.rv = 1
 
     def _check(self, call: str) -> None:
         self.calls.append(call)
@@ -64,11 +67,28 @@ class FakeClient:
             "metadata": {
                 "name": name,
                 "uid": "u-1",
+                "resourceVersion": str(self.rv),
                 "labels": dict(self.labels),
                 "annotations": dict(self.annotations),
                 "managedFields": mf,
-            }
+            },
+            "spec": {"taints": [dict(t) for t in self.taints]},
+            "status": {"conditions": [dict(c) for c in self.conditions.values()]},
         }
+
+    def patch_node(self, name: str, patch: dict[str, Any], status: bool = False) -> Any:
+        self._check("condition")
+        for c in patch["status"]["conditions"]:
+            self.conditions[c["type"]] = {**self.conditions.get(c["type"], {}), **c}
+        self.rv += 1
+        return {}
+
+    def json_patch_node(self, name: str, ops: list[dict[str, Any]]) -> Any:
+        self._check("taint")
+        assert ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": str(self.rv)}
+        self.taints = list(ops[1]["value"])
+        self.rv += 1
+        return {}
 
     def apply_node(self, name: str, labels: dict[str, str], ann: dict[str, str]) -> Any:
         self._check("apply")
@@ -126,14 +146,15 @@ def writes(reg: CollectorRegistry, result: str) -> float:
 def test_first_apply_reads_then_writes_and_repeat_sends_nothing() -> None:
     sink, fake, clock, reg = make()
     assert sink.apply(ls()) is True
-    assert fake.calls == ["get", "apply"]
+    # The first write also renews the Lease and writes the GPUHealthy condition (issue 17).
+    assert fake.calls == ["get", "apply", "lease", "condition"]
     assert fake.labels == {"team": "ml", P + "gpu.count": "8"}
     for _ in range(20):
         clock.t += 30
         assert sink.apply(ls()) is False
     # 20 x 30 s reaches the 600 s resync: one read, no write; before it, one cached
     # UID read per reconcile (a re-created Node must be noticed), never a write.
-    assert [c for c in fake.calls if c != "uid"] == ["get", "apply", "get"]
+    assert [c for c in fake.calls if c != "uid"] == ["get", "apply", "lease", "condition", "get"]
     assert fake.calls.count("uid") == 19
     assert writes(reg, "success") == 1 and writes(reg, "unchanged") == 20
     assert reg.get_sample_value("gpudaemon_last_reconcile_timestamp_seconds") == clock.t
