@@ -79,8 +79,7 @@ class HealthMemory:
                     )
         except (UsageError, ValueError, KeyError, TypeError) as e:
             logger.error(
-                "health.state_file {}: cannot read the GPU fault record ({}); starting "
-                "without it",
+                "health.state_file {}: cannot read the GPU fault record ({}); starting without it",
                 self.path,
                 str(e).split("\n")[0],
             )

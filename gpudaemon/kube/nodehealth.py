@@ -113,7 +113,8 @@ class NodeHealthWriter:
         else:
             have_cond, have_taint = self._written
         if have_cond != cond:
-            self._write_condition(cond, transition=have_cond is None or have_cond.status != cond.status)
+            changed = have_cond is None or have_cond.status != cond.status
+            self._write_condition(cond, transition=changed)
             wrote = True
         # Only an opted-in agent adds the taint; any agent removes its own taint (the
         # option was switched off while a GPU was sick).

@@ -32,7 +32,9 @@ def test_condition_is_written_once_per_change() -> None:
     assert fake.calls.count("condition") == n
     sink.apply(health_ls(((3, "xid 79"),)))
     c = fake.conditions["GPUHealthy"]
-    assert (c["status"], c["reason"]) == ("False", "GPUUnhealthy") and "GPU 3: xid 79" in c["message"]
+    assert (c["status"], c["reason"]) == ("False", "GPUUnhealthy") and "GPU 3: xid 79" in c[
+        "message"
+    ]
     assert fake.calls.count("condition") == n + 1
     assert fake.taints == []  # the taint is opt-in
 
