@@ -249,8 +249,35 @@ class TypicalPod(_Section):
     weight: Annotated[Number, Field(gt=0, le=1e6)] = 1.0
 
 
+class ExtenderTls(_Section):
+    # All three or none. Set: the extender serves HTTPS and refuses, at the handshake,
+    # any client without a certificate signed by client_ca_file (kube-scheduler's
+    # extender tlsConfig presents one). For the Service mode; see docs/security.md.
+    cert_file: str = ""
+    key_file: str = ""
+    client_ca_file: str = ""
+
+    @model_validator(mode="after")
+    def _all_or_none(self) -> ExtenderTls:
+        given = [bool(self.cert_file), bool(self.key_file), bool(self.client_ca_file)]
+        if any(given) and not all(given):
+            raise ValueError("set cert_file, key_file and client_ca_file together (mutual TLS)")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert_file)
+
+
 class ExtenderConfig(_Section):
+    # The chart's default runs the extender beside kube-scheduler in its pod, on
+    # 127.0.0.1: nobody else can reach it. 0.0.0.0 only with tls (Service mode).
     listen: ListenAddress = "0.0.0.0:9446"
+    # /metrics, /healthz and /readyz on a second, plain-HTTP address (never the
+    # scheduler verbs), for kubelet probes and Prometheus when `listen` is loopback
+    # or mutual TLS. Empty: only on `listen`.
+    metrics_listen: Annotated[str, AfterValidator(lambda v: _check_listen(v) if v else v)] = ""
+    tls: ExtenderTls = ExtenderTls()
     # The default policy; a pod picks another with the annotation gpudaemon.io/policy.
     # fragmentation: fewest unallocated GPUs on the openb trace (docs/benchmarks.md).
     policy: Literal["binpack", "spread", "fragmentation"] = "fragmentation"
@@ -274,7 +301,17 @@ class ExtenderConfig(_Section):
     # Worker threads for requests: the scheduler sends one request at a time per
     # scheduler; a few more absorb retries and scrapes.
     threads: Annotated[WholeNumber, Field(ge=1, le=256)] = 8
+    # Open connections at once (more wait in the listen backlog) and request header
+    # bytes (over it: 431): kube-scheduler keeps a few connections with small headers.
+    max_connections: Annotated[WholeNumber, Field(ge=1, le=100_000)] = 256
+    max_header_bytes: Annotated[WholeNumber, Field(ge=1024, le=1 << 20)] = 32 << 10
     # Pods remembered for learning the workload's typical shapes (fragmentation policy).
+    # The kube-scheduler profile that calls us: placements are booked only for real,
+    # unbound pods that name it (never on a request body's word).
+    scheduler_name: Annotated[str, Field(min_length=1, max_length=253)] = "gpudaemon-scheduler"
+    # A pod the watch has not delivered yet is checked in the API; this caps those
+    # GETs, so a flood of invented pod UIDs cannot turn into API server load.
+    pod_lookups_per_second: Annotated[Number, Field(gt=0, le=1000)] = 20.0
     workload_window: Annotated[WholeNumber, Field(ge=1, le=1_000_000)] = 2000
     typical_pods: list[TypicalPod] = []
 

@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from waitress import wasyncore
@@ -27,6 +28,7 @@ from waitress.channel import HTTPChannel
 from waitress.server import BaseWSGIServer, create_server
 
 from gpudaemon.errors import UsageError
+from gpudaemon.textfile import check_regular_file
 
 WsgiApp = Callable[..., Iterable[bytes]]
 StartResponse = Callable[..., Any]
@@ -131,6 +133,7 @@ class HttpServer:
         idle_timeout_s: float = 30.0,
         max_body_bytes: int = 1 << 20,
         max_connections: int = 1000,
+        max_header_bytes: int = 64 << 10,
         grace_s: float = 5.0,
     ) -> None:
         self.name = name
@@ -147,6 +150,7 @@ class HttpServer:
         self._idle_s = max(1, math.ceil(idle_timeout_s))
         self._max_body = max_body_bytes
         self._max_conns = max_connections
+        self._max_header = max_header_bytes
         self._grace_s = grace_s
         self._map: dict[int, Any] = {}
         self._server: BaseWSGIServer | None = None
@@ -172,6 +176,7 @@ class HttpServer:
                 channel_timeout=self._idle_s,
                 cleanup_interval=max(1, self._idle_s // 2),
                 max_request_body_size=self._max_body + 1,  # waitress refuses ">= limit"
+                max_request_header_size=self._max_header,  # over it: 431
                 inbuf_overflow=max(self._max_body, 1 << 19),
                 asyncore_use_poll=True,
                 recv_bytes=1 << 16,  # 8 KiB by default: a 1 MiB body took 128 loop turns
@@ -220,3 +225,94 @@ class HttpServer:
         self._stopping.set()
         trigger.pull_trigger()
         loop.join(self._grace_s + 2.0)
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """Server certificate and key, and the CA that client certificates must chain to."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str
+
+
+class TlsHttpServer:
+    """The extender's server when it runs apart from kube-scheduler (Service mode): TLS
+    with a client certificate required, so any caller without one is refused at the
+    handshake and never reaches the app.
+
+    cheroot (CherryPy's WSGI server), because waitress has no TLS. Same interface and
+    limits as `HttpServer`: `threads` app calls at once, bodies over `max_body_bytes`
+    refused (413), headers over `max_header_bytes` refused."""
+
+    def __init__(
+        self,
+        listen: str | tuple[str, int],
+        app: WsgiApp,
+        tls: TlsFiles,
+        *,
+        name: str,
+        threads: int = 8,
+        idle_timeout_s: float = 30.0,
+        max_body_bytes: int = 1 << 20,
+        max_connections: int = 1000,
+        max_header_bytes: int = 64 << 10,
+        grace_s: float = 5.0,
+    ) -> None:
+        import ssl
+
+        from cheroot import wsgi
+        from cheroot.ssl.builtin import BuiltinSSLAdapter
+
+        self.name = name
+        self.listen = listen if isinstance(listen, str) else f"{listen[0]}:{listen[1]}"
+        self._what = f"{name}.listen"
+        host, port = parse_listen(listen, self._what)
+        for what, path in (
+            ("tls.cert_file", tls.cert_file),
+            ("tls.key_file", tls.key_file),
+            ("tls.client_ca_file", tls.client_ca_file),
+        ):
+            check_regular_file(path, f"{name}.{what}", 1 << 20)
+        try:
+            adapter = BuiltinSSLAdapter(tls.cert_file, tls.key_file)
+            adapter.context.verify_mode = ssl.CERT_REQUIRED
+            adapter.context.load_verify_locations(cafile=tls.client_ca_file)
+            adapter.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        except (ssl.SSLError, OSError, ValueError) as e:
+            raise UsageError(f"{name}.tls: cannot load the certificates: {e}") from None
+        self._server = wsgi.Server(
+            (host, port),
+            app,
+            numthreads=threads,
+            max=threads,
+            request_queue_size=min(BACKLOG, max_connections),
+            timeout=max(1, math.ceil(idle_timeout_s)),
+            shutdown_timeout=max(1, math.ceil(grace_s)),
+        )
+        self._server.ssl_adapter = adapter
+        self._server.max_request_body_size = max_body_bytes
+        self._server.max_request_header_size = max_header_bytes
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self.port = port
+
+    def start(self) -> None:
+        try:
+            self._server.prepare()
+        except OSError as e:
+            raise UsageError(f"{self._what}: cannot listen on {self.listen}: {e}") from None
+        bound = self._server.bind_addr
+        if isinstance(bound, tuple):
+            self.port = int(bound[1])
+        self._thread = threading.Thread(
+            target=self._server.serve, name=f"{self.name}-https", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._stopped or self._thread is None:
+            return
+        self._stopped = True
+        self._server.stop()
+        self._thread.join(10.0)

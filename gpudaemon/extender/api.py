@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.extender.metrics import ExtenderMetrics
 from gpudaemon.extender.podspec import pod_policy, pod_shape
+from gpudaemon.extender.pods import PodVerifier
 from gpudaemon.extender.policies.base import Policy
 from gpudaemon.extender.scoring import MAX_SCORE, Rejection, ScoreMemo, best_nodes, check_node, rank
 from gpudaemon.extender.state import NodeState, PodShape
@@ -104,6 +105,7 @@ class ExtenderApi:
         avoid_unhealthy: bool = True,
         candidates: int = 0,
         observe: Callable[[str, PodShape], None] | None = None,
+        verifier: PodVerifier | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if default_policy not in policies:
@@ -116,6 +118,9 @@ class ExtenderApi:
         self.avoid_unhealthy = avoid_unhealthy
         self.candidates = candidates
         self.observe = observe
+        # None trusts the body's pod (in-process tests and benchmarks only): the
+        # `gpudaemon extender` program always verifies (see pods.py).
+        self.verifier = verifier
         self.clock = clock
         self._lock = threading.Lock()
         self._scores = ScoreMemo()  # used under _lock
@@ -193,9 +198,9 @@ class ExtenderApi:
         if shape.gpus <= 0:  # not ours to judge: pass everything through, quickly
             return self._filter_result(args, args.names, {})
         self._require_ready()
-        uid = _uid(args.pod)
-        if self.observe is not None:
-            self.observe(uid, shape)
+        real = self._real_pod(args.pod, shape)
+        if self.observe is not None and real is not None:
+            self.observe(real[0], real[1])
         failed: dict[str, str] = {}
         passed: list[str] = []
         removed: Counter[str] = Counter()  # by reason; one metric update per reason
@@ -225,11 +230,16 @@ class ExtenderApi:
                         keep += [n for n in passed if n not in raw][: self.candidates - len(keep)]
                     removed["outranked"] += len(passed) - len(keep)
                     passed = keep
-            if len(passed) == 1 and (s := states[passed[0]]) is not None and s.can_host(shape):
+            if (
+                real is not None
+                and len(passed) == 1
+                and (s := states[passed[0]]) is not None
+                and s.can_host(real[1])
+            ):
                 # The scheduler skips /prioritize with one feasible node, so the pod
                 # would never be assumed: assume it here, or the next pods of a burst
                 # are judged from a count that misses it.
-                self._assume(uid, passed[0], shape)
+                self._assume(real[0], passed[0], real[1])
         for reason, count in removed.items():
             self.metrics.filter_nodes.labels(reason).inc(count)
         self.metrics.filter_nodes.labels("passed").inc(len(passed))
@@ -243,17 +253,30 @@ class ExtenderApi:
         if shape.gpus <= 0 and not policy.scores_gpuless_pods:
             return [{"Host": n, "Score": 0} for n in args.names]
         self._require_ready()
+        real = self._real_pod(args.pod, shape)
         with self._lock:
             states = self.cluster.states(args.names)
             raw = self._scores.scores(policy, shape, args.names, states)
             top, level = rank(raw)
-            if top is not None:
-                self._assume(_uid(args.pod), top, shape)
+            if top is not None and real is not None:
+                self._assume(real[0], top, real[1])
         get = raw.get
         return [
             {"Host": n, "Score": MAX_SCORE if n == top else level.get(get(n), 0)}  # type: ignore[arg-type]
             for n in args.names
         ]
+
+    def _real_pod(self, pod: Mapping[str, Any], shape: PodShape) -> tuple[str, PodShape] | None:
+        """(UID, requests) of the real pod behind the body, or None: then nothing is
+        booked or learned for it, and the reason is counted."""
+        if self.verifier is None:
+            uid = _uid(pod)
+            return (uid, shape) if uid else None
+        real, why = self.verifier.verify(pod)
+        if real is None:
+            self.metrics.unverified.labels(why).inc()
+            return None
+        return real.uid, real.shape
 
     def _require_ready(self) -> None:
         ready, why = self.ready()

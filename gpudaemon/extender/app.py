@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from loguru import logger
 from prometheus_client import CollectorRegistry
@@ -21,15 +22,28 @@ from gpudaemon.extender.api import ExtenderApi
 from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.extender.informer import ListWatchClient, Reflector
 from gpudaemon.extender.metrics import CacheCollector
+from gpudaemon.extender.pods import PendingPods, PodVerifier
 from gpudaemon.extender.policies import BinPack, Policy, Spread
 from gpudaemon.extender.policies.fragmentation import Fragmentation, make_fragmentation
-from gpudaemon.httpserver import HttpServer
+from gpudaemon.httpserver import (
+    HttpServer,
+    StartResponse,
+    TlsFiles,
+    TlsHttpServer,
+    WsgiApp,
+    text_response,
+)
 from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import KubeClient, find_credentials
 from gpudaemon.kube.lease import lease_path
 
 # Bound pods that still hold resources: terminal pods free theirs (kube-scheduler's rule).
 POD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+
+
+def pending_selector(scheduler_name: str) -> str:
+    """Unbound pods of our scheduler: the only pods GPUs are booked for (pods.py)."""
+    return f"spec.nodeName=,spec.schedulerName={scheduler_name}"
 
 
 def make_policies(cfg: Config) -> dict[str, Policy]:
@@ -39,6 +53,21 @@ def make_policies(cfg: Config) -> dict[str, Policy]:
         "spread": Spread(w),
         "fragmentation": make_fragmentation(cfg.extender, utilization_weight=w),
     }
+
+
+def observability_only(app: WsgiApp) -> WsgiApp:
+    """`app` without the scheduler verbs: for the plain metrics/probe address."""
+
+    def wsgi(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") in ("/filter", "/prioritize"):
+            return text_response(
+                start_response,
+                "404 Not Found",
+                "the scheduler verbs are served on extender.listen only\n",
+            )
+        return app(environ, start_response)
+
+    return wsgi
 
 
 class Extender:
@@ -60,9 +89,11 @@ class Extender:
             client = KubeClient.from_credentials(creds, cfg.kubernetes.request_timeout_seconds)
         self.client = client
         self.clock = clock
+        kube = client
         self.registry = registry or CollectorRegistry()
         ext = cfg.extender
         self.cluster = ClusterState(cfg.labels.prefix, assume_ttl_s=ext.assume_ttl_seconds)
+        self.pending = PendingPods(self.cluster.product_label)
         cap = cfg.kubernetes.backoff_max_seconds
         c = self.cluster
         self.reflectors = [
@@ -73,7 +104,17 @@ class Extender:
                       clock=clock),
             Reflector(client, "leases", lease_path(cfg.kubernetes.lease_namespace),
                       c.replace_leases, c.lease_event, backoff=Backoff(0.5, cap), clock=clock),
+            Reflector(client, "pending", "/api/v1/pods", self.pending.replace,
+                      self.pending.event, query={"fieldSelector": pending_selector(ext.scheduler_name)},
+                      backoff=Backoff(0.5, cap), clock=clock),
         ]  # fmt: skip
+        self.verifier = PodVerifier(
+            self.pending,
+            lambda ns, name: kube.request("GET", f"/api/v1/namespaces/{ns}/pods/{name}"),
+            ext.scheduler_name,
+            is_bound=self.cluster.is_bound,
+            lookups_per_second=ext.pod_lookups_per_second,
+        )
         self.policies = make_policies(cfg)
         if ext.policy not in self.policies:
             raise ConfigError(f"extender.policy: {ext.policy!r} is not available")
@@ -89,15 +130,27 @@ class Extender:
             avoid_unhealthy=ext.avoid_unhealthy_nodes,
             candidates=ext.candidates,
             observe=observe,
+            verifier=self.verifier,
         )
-        self.registry.register(CacheCollector(self.cluster.sizes, self.cache_ages))
-        self.server = HttpServer(
-            ext.listen,
-            self.api,
-            name="extender",
-            threads=ext.threads,
-            max_body_bytes=ext.max_body_bytes,
-        )
+        self.registry.register(CacheCollector(self.sizes, self.cache_ages))
+        limits: dict[str, Any] = {
+            "name": "extender",
+            "threads": ext.threads,
+            "max_body_bytes": ext.max_body_bytes,
+            "max_connections": ext.max_connections,
+            "max_header_bytes": ext.max_header_bytes,
+        }
+        self.server: HttpServer | TlsHttpServer
+        if ext.tls.enabled:
+            files = TlsFiles(ext.tls.cert_file, ext.tls.key_file, ext.tls.client_ca_file)
+            self.server = TlsHttpServer(ext.listen, self.api, files, **limits)
+        else:
+            self.server = HttpServer(ext.listen, self.api, **limits)
+        self.metrics_server: HttpServer | None = None
+        if ext.metrics_listen:
+            self.metrics_server = HttpServer(
+                ext.metrics_listen, observability_only(self.api), name="extender.metrics", threads=2
+            )
         self.stop_event = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -106,6 +159,13 @@ class Extender:
         if waiting:
             return False, "waiting for the first list of: " + ", ".join(waiting)
         return True, "ok"
+
+    def sizes(self) -> dict[str, int]:
+        return {
+            **self.cluster.sizes(),
+            "pending": len(self.pending),
+            "unverified_uids": self.verifier.negative_size_now(),
+        }
 
     def cache_ages(self) -> dict[str, float | None]:
         now = self.clock()
@@ -116,6 +176,8 @@ class Extender:
 
     def start(self) -> None:
         self.server.start()  # first: a bad listen address exits 2 before any API call
+        if self.metrics_server is not None:
+            self.metrics_server.start()
         for r in self.reflectors:
             t = threading.Thread(
                 target=r.run, args=(self.stop_event,), name=f"watch-{r.kind}", daemon=True
@@ -145,6 +207,8 @@ class Extender:
     def close(self) -> None:
         self.stop_event.set()
         self.server.stop()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         close = getattr(self.client, "close", None)
         if callable(close):
             close()

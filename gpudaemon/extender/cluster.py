@@ -216,6 +216,10 @@ class ClusterState:
         """The agent's Lease is unexpired and owned by this Node object."""
         return self.freshness([name])[name]
 
+    def is_bound(self, uid: str) -> bool:
+        with self._lock:
+            return uid in self._pods
+
     # -- assumptions --------------------------------------------------------------
 
     def assume(self, pod_uid: str, node: str, shape: PodShape) -> None:

@@ -35,6 +35,10 @@ class ListWatchClient(Protocol):
         query: Mapping[str, str] | None = None,
     ) -> Iterator[tuple[str, Obj]]: ...
 
+    def request(self, method: str, path: str) -> Obj:
+        """One call (the pod verifier's single GET); KubeError on failure."""
+        ...
+
 
 class Reflector:
     """Keeps one collection mirrored; `synced` once the first list has landed."""

@@ -9,6 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gpudaemon.extender.pods import REASONS
+
 # Sub-millisecond to the scheduler's usual 5 s httpTimeout.
 _BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -39,6 +41,16 @@ class ExtenderMetrics:
             "Pods provisionally counted on the node ranked best for them.",
             registry=registry,
         )
+        self.unverified = Counter(
+            "gpudaemon_extender_unverified_pods_total",
+            "Requests whose pod was not booked or learned from, by reason: not a real,"
+            " unbound pod of this scheduler (unknown_pod, bound, other_scheduler, no_uid),"
+            " or not checkable now (rate_limited, api_error).",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in REASONS:
+            self.unverified.labels(reason)
         for r in ("passed", "no_agent", "stale", "unhealthy", "insufficient_gpus", "outranked"):
             self.filter_nodes.labels(r)
         for v in ("filter", "prioritize"):

@@ -1,0 +1,201 @@
+"""Which pods the extender may book GPUs for: only real pods, never a body's word.
+
+A placement is assumed (GPUs counted on a node before the binding) only for a pod that
+exists in the API, is unbound, names our scheduler, and with the requests the API has
+for it, not the body's. Without this, anyone who can reach the extender could invent
+pod UIDs and keep every GPU "assumed" for `assume_ttl_s`, and skew what the
+fragmentation policy learns.
+
+`PendingPods` is a watch cache of the unbound pods of our scheduler (fed by a
+Reflector). A UID it does not know yet (the watch lags the scheduler by a few ms) is
+looked up once in the API, at most `lookups_per_second`, and a miss is remembered in
+a bounded negative cache, so a flood of invented UIDs costs neither memory nor API
+server load.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpudaemon.errors import KubeError, KubeNotFoundError
+from gpudaemon.extender.podspec import pod_shape
+from gpudaemon.extender.state import PodShape
+
+Obj = Mapping[str, Any]
+# metadata.name / namespace as the API allows them (DNS-1123 subdomain / label): checked
+# before a name goes into an API path.
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+# Why a request's pod was not booked: the reasons of gpudaemon_extender_unverified_pods_total.
+REASONS = ("no_uid", "unknown_pod", "bound", "other_scheduler", "rate_limited", "api_error")
+
+
+@dataclass(frozen=True, slots=True)
+class RealPod:
+    uid: str
+    namespace: str
+    name: str
+    shape: PodShape
+
+
+class PendingPods:
+    """Thread-safe map of pending pods by UID, fed by a Reflector."""
+
+    def __init__(self, product_label: str) -> None:
+        self.product_label = product_label
+        self._lock = threading.Lock()
+        self._by_uid: dict[str, RealPod] = {}
+
+    def parse(self, obj: Obj) -> RealPod | None:
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        if not uid or (obj.get("spec") or {}).get("nodeName"):
+            return None
+        try:
+            shape = pod_shape(obj, self.product_label)
+        except (ValueError, AttributeError, TypeError):
+            return None
+        return RealPod(uid, str(meta.get("namespace", "")), str(meta.get("name", "")), shape)
+
+    def replace(self, items: Iterable[Obj]) -> None:
+        pods = {p.uid: p for o in items if (p := self.parse(o)) is not None}
+        with self._lock:
+            self._by_uid = pods
+
+    def event(self, kind: str, obj: Obj) -> None:
+        uid = str((obj.get("metadata") or {}).get("uid") or "")
+        pod = None if kind == "DELETED" else self.parse(obj)
+        with self._lock:
+            if pod is None:
+                self._by_uid.pop(uid, None)
+            else:
+                self._by_uid[uid] = pod
+
+    def add(self, pod: RealPod) -> None:
+        with self._lock:
+            self._by_uid[pod.uid] = pod
+
+    def get(self, uid: str) -> RealPod | None:
+        with self._lock:
+            return self._by_uid.get(uid)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_uid)
+
+
+class TokenBucket:
+    def __init__(
+        self, per_second: float, burst: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.rate, self.burst, self.clock = per_second, burst, clock
+        self._tokens, self._at = burst, clock()
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            now = self.clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+            self._at = now
+            if self._tokens < 1:
+                return False
+            self._tokens -= 1
+            return True
+
+
+PodLookup = Callable[[str, str], Obj]  # (namespace, name) -> the Pod; KubeError on failure
+
+
+class PodVerifier:
+    """`verify(body_pod)` -> (the real pod, "") or (None, reason)."""
+
+    def __init__(
+        self,
+        pending: PendingPods,
+        lookup: PodLookup,
+        scheduler_name: str,
+        *,
+        is_bound: Callable[[str], bool] = lambda uid: False,
+        lookups_per_second: float = 20.0,
+        negative_size: int = 4096,
+        negative_ttl_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pending = pending
+        self.lookup = lookup
+        self.scheduler_name = scheduler_name
+        self.is_bound = is_bound
+        self.bucket = TokenBucket(lookups_per_second, max(1.0, lookups_per_second), clock)
+        self.negative_size = negative_size
+        self.negative_ttl_s = negative_ttl_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._negative: OrderedDict[str, tuple[float, str]] = OrderedDict()  # uid -> (until, why)
+
+    def verify(self, body_pod: Obj) -> tuple[RealPod | None, str]:
+        meta = body_pod.get("metadata") or {}
+        uid = meta.get("uid") if isinstance(meta, Mapping) else None
+        if not isinstance(uid, str) or not uid:
+            return None, "no_uid"
+        known = self.pending.get(uid)
+        if known is not None:
+            return known, ""
+        if self.is_bound(uid):
+            return None, "bound"
+        why = self._negative_hit(uid)
+        if why:
+            return None, why
+        ns, name = meta.get("namespace"), meta.get("name")
+        if not (isinstance(ns, str) and isinstance(name, str)):
+            return None, self._remember(uid, "unknown_pod")
+        if not (_NAME.fullmatch(ns) and _NAME.fullmatch(name)):
+            return None, self._remember(uid, "unknown_pod")
+        if not self.bucket.take():
+            return None, "rate_limited"
+        try:
+            obj = self.lookup(ns, name)
+        except KubeNotFoundError:
+            return None, self._remember(uid, "unknown_pod")
+        except KubeError:
+            return None, "api_error"
+        got = obj.get("metadata") or {}
+        spec = obj.get("spec") or {}
+        if got.get("uid") != uid:
+            return None, self._remember(uid, "unknown_pod")
+        if spec.get("nodeName"):
+            return None, "bound"
+        if spec.get("schedulerName") != self.scheduler_name:
+            return None, self._remember(uid, "other_scheduler")
+        pod = self.pending.parse(obj)
+        if pod is None:
+            return None, self._remember(uid, "unknown_pod")
+        self.pending.add(pod)  # the watch confirms it (or removes it) shortly
+        return pod, ""
+
+    def _negative_hit(self, uid: str) -> str:
+        with self._lock:
+            hit = self._negative.get(uid)
+            if hit is None:
+                return ""
+            if hit[0] <= self.clock():
+                del self._negative[uid]
+                return ""
+            return hit[1]
+
+    def _remember(self, uid: str, why: str) -> str:
+        with self._lock:
+            self._negative[uid] = (self.clock() + self.negative_ttl_s, why)
+            self._negative.move_to_end(uid)
+            while len(self._negative) > self.negative_size:
+                self._negative.popitem(last=False)
+        return why
+
+    def negative_size_now(self) -> int:
+        with self._lock:
+            return len(self._negative)
