@@ -21,8 +21,8 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.extender.metrics import ExtenderMetrics
-from gpudaemon.extender.podspec import pod_policy, pod_shape
 from gpudaemon.extender.pods import PodVerifier
+from gpudaemon.extender.podspec import pod_policy, pod_shape
 from gpudaemon.extender.policies.base import Policy
 from gpudaemon.extender.scoring import MAX_SCORE, Rejection, ScoreMemo, best_nodes, check_node, rank
 from gpudaemon.extender.state import NodeState, PodShape

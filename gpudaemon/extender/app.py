@@ -96,6 +96,7 @@ class Extender:
         self.pending = PendingPods(self.cluster.product_label)
         cap = cfg.kubernetes.backoff_max_seconds
         c = self.cluster
+        pending = pending_selector(ext.scheduler_name)
         self.reflectors = [
             Reflector(client, "nodes", "/api/v1/nodes", c.replace_nodes, c.node_event,
                       backoff=Backoff(0.5, cap), clock=clock),
@@ -105,7 +106,7 @@ class Extender:
             Reflector(client, "leases", lease_path(cfg.kubernetes.lease_namespace),
                       c.replace_leases, c.lease_event, backoff=Backoff(0.5, cap), clock=clock),
             Reflector(client, "pending", "/api/v1/pods", self.pending.replace,
-                      self.pending.event, query={"fieldSelector": pending_selector(ext.scheduler_name)},
+                      self.pending.event, query={"fieldSelector": pending},
                       backoff=Backoff(0.5, cap), clock=clock),
         ]  # fmt: skip
         self.verifier = PodVerifier(
