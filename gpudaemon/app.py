@@ -6,7 +6,8 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from loguru import logger
@@ -17,7 +18,7 @@ from gpudaemon.cache import Cache
 from gpudaemon.config import Config
 from gpudaemon.errors import GpudaemonError, NvmlUnavailableError
 from gpudaemon.healthlog import HealthLog
-from gpudaemon.healthmemory import DEFAULT_STATE_FILE, HealthMemory
+from gpudaemon.healthmemory import DEFAULT_STATE_FILE, AnnotationStore, FileStore, HealthMemory
 from gpudaemon.labels import LabelSet, NodeLabeler
 from gpudaemon.labels.outputs import FileSink, NfdSink, NullSink, StdoutSink
 from gpudaemon.logsetup import LogLimiter
@@ -94,15 +95,24 @@ def make_history_sink(cfg: Config, registry: CollectorRegistry) -> HistorySink |
     return InfluxWriter(cfg, registry)
 
 
-def make_health_memory(cfg: Config, backend: Backend) -> HealthMemory | None:
-    """Where sticky GPU faults are remembered: "auto" is the node's state directory with
-    real NVML and nowhere with simulated GPUs (a demo leaves no files behind)."""
+FAULTS_ANNOTATION = "gpu-faults"
+
+
+def make_health_memory(
+    cfg: Config, backend: Backend, sink: LabelSink
+) -> tuple[HealthMemory | None, AnnotationStore | None]:
+    """Where sticky GPU faults are remembered. "auto": on the Node (an annotation) when
+    the agent writes to the API server; else a file on the node with real NVML, and
+    nowhere with simulated GPUs (a laptop demo leaves no files behind)."""
     path = cfg.health.state_file
     if path == "auto":
+        if sink.name == "apiserver":
+            store = AnnotationStore(cfg.labels.prefix + FAULTS_ANNOTATION)
+            return HealthMemory(store, backend.boot_id()), store
         path = "" if backend.name == "simulated" else DEFAULT_STATE_FILE
     if not path:
-        return None
-    return HealthMemory(path, backend.boot_id())
+        return None, None
+    return HealthMemory(FileStore(path), backend.boot_id()), None
 
 
 class Agent:
@@ -128,10 +138,12 @@ class Agent:
         self.metrics.set_build(self.backend.name)
         self.cache = Cache(clock)
         self.health_log = HealthLog()  # one line when a GPU fault starts, one when it ends
-        self.health_memory = make_health_memory(cfg, self.backend)
         self.labeler = NodeLabeler(cfg.labels.prefix)
         self.label_sink = label_sink or make_label_sink(cfg, self.metrics)
         self.label_sink.set_freshness(lambda: self.readiness()[0])
+        self.health_memory, self.faults_store = make_health_memory(
+            cfg, self.backend, self.label_sink
+        )
         self.history = (
             history_sink if history_sink is not None else make_history_sink(cfg, self.own_registry)
         )
@@ -212,7 +224,11 @@ class Agent:
     def _labels(self) -> None:
         snap = self.cache.get()
         if snap.inventory is not None:
-            self.label_sink.apply(self.labeler.build(snap))
+            ls = self.labeler.build(snap)
+            if self.faults_store is not None and self.faults_store.value:
+                key = self.faults_store.key
+                ls = replace(ls, annotations={**ls.annotations, key: self.faults_store.value})
+            self.label_sink.apply(ls)
 
     def _history(self) -> None:
         if self.history is not None:
@@ -282,6 +298,7 @@ class Agent:
                 return 0 if self.run_once() else 1
             finally:
                 self.close()
+        self.read_back_faults()
         # First readings straight away (check_backend already took the inventory), so
         # /readyz and the labels don't wait a period.
         self.poll_telemetry()
@@ -294,6 +311,37 @@ class Agent:
         logger.info("stopping: finishing the current cycle")
         self.close()
         return 0
+
+    def read_back_faults(self) -> None:
+        """Before the first poll: the sticky faults recorded on our Node by the agent
+        that ran before us, so its first labels already say the GPU is unhealthy. If
+        the API server cannot be read now, the first label reconcile's read of the Node
+        seeds them instead (they are merged, never dropped)."""
+        if self.faults_store is None or self.health_memory is None:
+            return
+        read = getattr(self.label_sink, "read_node", None)
+        if read is None:
+            return
+        try:
+            node = read()
+        except GpudaemonError as e:
+            logger.warning("GPU fault record not read back yet ({}): retried with the labels", e)
+
+            def seed_once(node: Mapping[str, Any]) -> None:
+                self._seed_faults(node)
+                self.label_sink.on_read = None  # type: ignore[attr-defined]
+
+            self.label_sink.on_read = seed_once  # type: ignore[attr-defined]
+            return
+        self._seed_faults(node)
+
+    def _seed_faults(self, node: Mapping[str, Any]) -> None:
+        assert self.faults_store is not None and self.health_memory is not None
+        before = dict(self.health_memory.faults)
+        self.faults_store.seed(node)
+        self.health_memory.load()
+        if self.health_memory.faults != before:
+            self.health_memory.persist()
 
     def check_backend(self) -> None:
         """Fail fast (exit 2) when NVML is missing; other errors are retried by the jobs."""

@@ -2,11 +2,12 @@
 GPU unhealthy until the GPU is really reset, not merely until the agent restarts.
 
 NVML reports an XID once, as an event, and a restarted agent would see a GPU that
-fell off the bus as healthy. So each such fault is written to a small JSON file on the
-node (`health.state_file`, a hostPath in the chart) with the kernel's boot ID, and
-re-applied to the GPU's samples after a restart while the boot ID is the same. A new
-boot ID (the node, and so every GPU, was reset) clears the record. An operator clears
-it after a repair by deleting the file (docs/operations.md).
+fell off the bus as healthy. So each such fault is recorded with the kernel's boot ID
+(kubelet reports the same ID as the Node's `nodeInfo.bootID`) and re-applied to the
+GPU's samples after a restart while the boot ID is the same. A new boot ID (the node,
+and so every GPU, was reset) clears the record. The record lives on the Node as the
+annotation `<prefix>gpu-faults` when the agent writes to the API server, else in a
+JSON file (`health.state_file`). docs/operations.md says how an operator clears it.
 
 Failures to read or write the file never stop the agent: the fault is kept in memory
 and one line is logged per episode.
@@ -18,9 +19,10 @@ import json
 import os
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, Protocol
 
 from loguru import logger
 
@@ -41,56 +43,115 @@ class Fault:
     since: float  # UNIX seconds
 
 
+class FaultStore(Protocol):
+    """Where the record lives: `load` the last saved document (None: nothing saved),
+    `save` a new one (OSError when it cannot be kept)."""
+
+    where: str
+
+    def load(self) -> object: ...
+
+    def save(self, doc: dict[str, Any]) -> None: ...
+
+
+class FileStore:
+    """A JSON file on the node (outside Kubernetes, or `health.state_file` set)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.where = f"health.state_file {path}"
+
+    def load(self) -> object:
+        if not os.path.lexists(self.path):
+            return None
+        return json.loads(read_text_file(self.path, "health.state_file", MIB))
+
+    def save(self, doc: dict[str, Any]) -> None:
+        _write_atomic(self.path, json.dumps(doc, indent=1).encode())
+
+
+class AnnotationStore:
+    """The record as the Node annotation `<prefix>gpu-faults`, read back at start-up.
+
+    The chart's agent runs as non-root with no writable host directory, and a record
+    on the Node object also survives the pod being deleted or moved. `load` returns
+    what the Node held when the agent started (set by `seed`); `save` keeps the
+    document for the next label reconcile, which writes it with the labels."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.where = f"Node annotation {key}"
+        self.seeded: object = None
+        self.value: str = ""  # what the annotation should hold; "" removes it
+
+    def seed(self, node: Mapping[str, Any]) -> None:
+        raw = ((node.get("metadata") or {}).get("annotations") or {}).get(self.key)
+        self.seeded = json.loads(raw) if isinstance(raw, str) and raw else None
+        self.value = raw if isinstance(raw, str) else ""
+
+    def load(self) -> object:
+        return self.seeded
+
+    def save(self, doc: dict[str, Any]) -> None:
+        self.value = json.dumps(doc, separators=(",", ":"), sort_keys=True) if doc["gpus"] else ""
+
+
 class HealthMemory:
     """Remembers sticky faults by GPU UUID; `apply` records new ones and re-applies old
     ones to a poll's samples. Called from the telemetry job only (one thread)."""
 
     def __init__(
         self,
-        path: str,
+        store: FaultStore,
         boot_id: str,
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.path = path
+        self.store = store
         self.boot_id = boot_id
         self.clock = clock
         self.faults: dict[str, Fault] = {}
         self._log = LogLimiter()
-        self._load()
+        self.load()
 
-    def _load(self) -> None:
-        if not self.path or not os.path.lexists(self.path):
-            return
+    def load(self) -> None:
+        """Merge the store's record into memory (start-up, or once the Node is read)."""
         try:
-            doc = json.loads(read_text_file(self.path, "health.state_file", MIB))
+            doc = self.store.load()
+            if doc is None:
+                return
             gpus = doc["gpus"] if isinstance(doc, dict) and doc.get("version") == _VERSION else None
             if not isinstance(gpus, dict):
                 raise ValueError("not a gpudaemon health record (version 1)")
+            loaded: dict[str, Fault] = {}
             for uuid, f in gpus.items():
                 fault = Fault(str(f["reason"]), str(f["boot_id"]), float(f["since"]))
                 if fault.boot_id and fault.boot_id == self.boot_id:
-                    self.faults[str(uuid)] = fault
+                    loaded[str(uuid)] = fault
                 else:
                     logger.info(
                         "GPU {}: {} recorded before a reset (boot ID changed): cleared",
                         uuid,
                         fault.reason,
                     )
-        except (UsageError, ValueError, KeyError, TypeError) as e:
+        except (UsageError, ValueError, KeyError, TypeError, AttributeError) as e:
             logger.error(
-                "health.state_file {}: cannot read the GPU fault record ({}); starting without it",
-                self.path,
+                "{}: cannot read the GPU fault record ({}); starting without it",
+                self.store.where,
                 str(e).split("\n")[0],
             )
             return
-        for uuid, f in sorted(self.faults.items()):
-            logger.warning(
-                "GPU {}: {} (recorded {}) stays unhealthy until the GPU or node is reset",
-                uuid,
-                f.reason,
-                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(f.since)),
-            )
+        for uuid, f in sorted(loaded.items()):
+            if uuid not in self.faults:
+                self.faults[uuid] = f
+                logger.warning(
+                    "GPU {}: {} (recorded {}) stays unhealthy until the GPU or node is reset",
+                    uuid,
+                    f.reason,
+                    time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(f.since)),
+                )
+        if len(loaded) != len(gpus):  # some were cleared by a reset: say so in the store
+            self._save()
 
     def apply(self, samples: Sequence[GpuSample]) -> tuple[GpuSample, ...]:
         out: list[GpuSample] = []
@@ -107,9 +168,11 @@ class HealthMemory:
             self._save()
         return tuple(out)
 
+    def persist(self) -> None:
+        """Write the record as it is now (after merging a late read-back)."""
+        self._save()
+
     def _save(self) -> None:
-        if not self.path:
-            return
         doc = {
             "version": _VERSION,
             "gpus": {
@@ -118,18 +181,18 @@ class HealthMemory:
             },
         }
         try:
-            _write_atomic(self.path, json.dumps(doc, indent=1).encode())
+            self.store.save(doc)
         except OSError as e:
             if self._log.allow():
                 logger.error(
-                    "health.state_file {}: cannot record a GPU fault ({}); it is kept in "
-                    "memory only and would be forgotten on restart",
-                    self.path,
+                    "{}: cannot record a GPU fault ({}); it is kept in memory only and "
+                    "would be forgotten on restart",
+                    self.store.where,
                     e.strerror or e,
                 )
             return
         if self._log.forget():
-            logger.info("health.state_file {}: GPU faults recorded again", self.path)
+            logger.info("{}: GPU faults recorded again", self.store.where)
 
 
 def _write_atomic(path: str, data: bytes) -> None:

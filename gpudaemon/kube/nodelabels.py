@@ -113,6 +113,9 @@ class NodeLabelSink:
         self._unhealthy: tuple[tuple[int, str], ...] = ()
         self._gpus = 0
         self.fresh: Callable[[], bool] = lambda: True
+        # Called with the Node whenever a reconcile reads it in full (the agent seeds
+        # its fault record from it when the read at start-up failed).
+        self.on_read: Callable[[Mapping[str, Any]], None] | None = None
         self._lock = threading.Lock()
         self._desired: dict[str, dict[str, str]] | None = None
         self._applied: dict[str, dict[str, str]] | None = None
@@ -141,6 +144,10 @@ class NodeLabelSink:
             self.health.client = c
 
     # -- label sink interface ----------------------------------------------------------
+
+    def read_node(self) -> dict[str, Any]:
+        """The Node as the API server has it now (KubeError on failure)."""
+        return self.client.get_node(self.node)
 
     def set_freshness(self, fresh: Callable[[], bool]) -> None:
         """The Lease is renewed only while this says the agent's data is fresh."""
@@ -203,6 +210,8 @@ class NodeLabelSink:
                 self._same_node(node)
                 self._node_uid = _uid(node)
                 self.health.seen(node)
+                if self.on_read is not None:
+                    self.on_read(node)
                 if in_sync(node, desired):
                     self._written(desired, now, "unchanged")
                     return False

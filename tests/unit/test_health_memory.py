@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpudaemon.backends.base import is_sticky
-from gpudaemon.healthmemory import HealthMemory
+from gpudaemon.healthmemory import FileStore, HealthMemory
 from gpudaemon.model import GpuSample
 
 
@@ -32,10 +32,10 @@ def test_which_faults_are_remembered(reason: str, sticky: bool) -> None:
 
 def test_an_xid_is_still_unhealthy_after_a_restart_on_the_same_boot(tmp_path: Path) -> None:
     f = str(tmp_path / "health.json")
-    first = HealthMemory(f, "boot-1", clock=lambda: 1000.0)
+    first = HealthMemory(FileStore(f), "boot-1", clock=lambda: 1000.0)
     first.apply([ok(0), sick(1, "xid 79")])
     # A new process; the GPU no longer reports the fault (NVML only sent an event).
-    again = HealthMemory(f, "boot-1")
+    again = HealthMemory(FileStore(f), "boot-1")
     out = again.apply([ok(0), ok(1)])
     assert [s.healthy for s in out] == [True, False]
     assert out[1].health_reason == "xid 79"
@@ -43,20 +43,20 @@ def test_an_xid_is_still_unhealthy_after_a_restart_on_the_same_boot(tmp_path: Pa
 
 def test_a_new_boot_id_clears_the_record(tmp_path: Path) -> None:
     f = str(tmp_path / "health.json")
-    HealthMemory(f, "boot-1").apply([sick(1, "xid 79")])
-    out = HealthMemory(f, "boot-2").apply([ok(0), ok(1)])
+    HealthMemory(FileStore(f), "boot-1").apply([sick(1, "xid 79")])
+    out = HealthMemory(FileStore(f), "boot-2").apply([ok(0), ok(1)])
     assert all(s.healthy for s in out) and len(out) == 2
 
 
 def test_a_lost_gpu_is_not_recorded(tmp_path: Path) -> None:
     f = tmp_path / "health.json"
-    HealthMemory(str(f), "b").apply([sick(0, "gpu lost")])
+    HealthMemory(FileStore(str(f)), "b").apply([sick(0, "gpu lost")])
     assert not f.exists()
 
 
 def test_the_first_reason_is_kept(tmp_path: Path) -> None:
     f = str(tmp_path / "health.json")
-    m = HealthMemory(f, "b")
+    m = HealthMemory(FileStore(f), "b")
     m.apply([sick(0, "xid 48")])
     m.apply([sick(0, "xid 79")])
     assert json.loads(Path(f).read_text())["gpus"]["GPU-0"]["reason"] == "xid 48"
@@ -68,7 +68,7 @@ def test_a_corrupt_record_is_one_line_and_the_agent_goes_on(
 ) -> None:
     f = tmp_path / "health.json"
     f.write_bytes(content)
-    m = HealthMemory(str(f), "b")
+    m = HealthMemory(FileStore(str(f)), "b")
     assert m.faults == {}
     errors = [msg for lvl, msg in lines if lvl == "ERROR"]
     assert len(errors) == 1 and "cannot read the GPU fault record" in errors[0]
@@ -83,7 +83,7 @@ def test_a_symlink_is_neither_read_nor_written_through(
     victim.write_text("precious")
     link = tmp_path / "health.json"
     link.symlink_to(victim)
-    m = HealthMemory(str(link), "b")
+    m = HealthMemory(FileStore(str(link)), "b")
     out = m.apply([sick(0, "xid 79")])
     assert victim.read_text() == "precious" and link.is_symlink()
     assert not out[0].healthy  # kept in memory
@@ -95,7 +95,7 @@ def test_an_unwritable_directory_keeps_the_fault_in_memory(tmp_path: Path) -> No
     d.mkdir()
     os.chmod(d, 0o500)
     try:
-        m = HealthMemory(str(d / "sub" / "health.json"), "b")
+        m = HealthMemory(FileStore(str(d / "sub" / "health.json")), "b")
         out = m.apply([sick(0, "xid 79")])
         out = m.apply([ok(0)])
         if os.geteuid() != 0:  # root ignores the mode bits
