@@ -400,6 +400,7 @@ def values_schema() -> str:
             "livenessProbe": PROBE,
             "readinessProbe": PROBE,
             "admissionPolicy": obj({"enabled": B, "requireNodeBoundToken": B}),
+            "taintUnhealthy": B,
         }
     )
 
@@ -468,6 +469,9 @@ def values_schema() -> str:
                 "config": config_ref,
                 "env": LIST,
                 "port": PORT,
+                "mode": {"enum": ["sidecar", "service"]},
+                "metricsPort": PORT,
+                "tls": obj({"secretName": S}),
                 "podLabels": STRMAP,
                 "livenessProbe": PROBE,
                 "readinessProbe": PROBE,
@@ -506,6 +510,7 @@ def values_schema() -> str:
                     ),
                 },
                 "verbosity": INT0,
+                "extenderClientTls": obj({"secretName": S}),
             },
         )
     )
@@ -534,6 +539,7 @@ def values_schema() -> str:
             "monitoring": monitoring,
             "extender": extender,
             "scheduler": scheduler,
+            "networkPolicy": obj({"enabled": B, "metricsFrom": LIST, "extenderFrom": LIST}),
         },
     }
     schema["$defs"] = {**defs, "GpudaemonConfig": model}

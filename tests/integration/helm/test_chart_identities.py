@@ -113,8 +113,11 @@ def test_agent_extender_and_scheduler_work_with_only_the_charts_identities(
         assert run.returncode == 0, run.stdout + run.stderr
         assert cluster.get(f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{node}")
 
-    # 2. The extender: the chart's config, the extender pod's token.
-    ext_kc = kubeconfig_for(cluster, ns, component_pod(cluster, ns, "extender"), tmp_path / "ext")
+    # 2. The extender: the chart's config, the token of the pod it runs in (the
+    # scheduler's: the extender is its sidecar, issue 17).
+    sched_pod = component_pod(cluster, ns, "scheduler")
+    assert [c["name"] for c in sched_pod["spec"]["containers"]] == ["kube-scheduler", "extender"]
+    ext_kc = kubeconfig_for(cluster, ns, sched_pod, tmp_path / "ext")
     ext_port = free_port()
     ext_log = tmp_path / "extender.log"
     with open(ext_log, "wb") as log:
@@ -131,6 +134,7 @@ def test_agent_extender_and_scheduler_work_with_only_the_charts_identities(
                 env=clean_env(
                     GPUDAEMON_KUBERNETES__KUBECONFIG=str(ext_kc),
                     GPUDAEMON_EXTENDER__LISTEN=f"127.0.0.1:{ext_port}",
+                    GPUDAEMON_EXTENDER__METRICS_LISTEN=f"127.0.0.1:{free_port()}",
                 ),
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -146,7 +150,7 @@ def test_agent_extender_and_scheduler_work_with_only_the_charts_identities(
     # 3. The second scheduler: the chart's KubeSchedulerConfiguration (leader election
     # on, as shipped), the scheduler pod's token for the API and for its delegated
     # authentication and authorization.
-    sched_kc = kubeconfig_for(cluster, ns, component_pod(cluster, ns, "scheduler"), tmp_path / "s")
+    sched_kc = kubeconfig_for(cluster, ns, sched_pod, tmp_path / "s")
     conf = yaml.safe_load(
         cluster.request("GET", f"/api/v1/namespaces/{ns}/configmaps/gpudaemon-scheduler")["data"][
             "config.yaml"
@@ -154,7 +158,8 @@ def test_agent_extender_and_scheduler_work_with_only_the_charts_identities(
     )
     assert conf["leaderElection"]["leaderElect"] is True
     conf["clientConnection"] = {"kubeconfig": str(sched_kc)}
-    conf["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{ext_port}"  # the Service, here
+    assert conf["extenders"][0]["urlPrefix"] == "http://127.0.0.1:9446"  # loopback: the sidecar
+    conf["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{ext_port}"
     (tmp_path / "sched.yaml").write_text(yaml.safe_dump(conf))
     sched_port = free_port()
     sched_log = tmp_path / "scheduler.log"

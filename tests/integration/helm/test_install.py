@@ -36,13 +36,24 @@ def test_one_agent_per_gpu_node_and_none_on_cpu_nodes(cluster: Cluster, release:
     assert ds["status"]["desiredNumberScheduled"] == len(GPU_NODES)
 
 
-def test_extender_and_scheduler_deployments_get_bound_pods(cluster: Cluster, release: str) -> None:
-    for component in ("extender", "scheduler"):
-        nodes = cluster.wait(
-            lambda c=component: bound(cluster, release, f"app.kubernetes.io/component={c}"),
-            f"a bound {component} pod",
-        )
-        assert len(nodes) == 1 and nodes[0] in GPU_NODES + CPU_NODES, nodes
+def test_scheduler_deployment_gets_a_bound_pod_with_the_extender_beside_it(
+    cluster: Cluster, release: str
+) -> None:
+    nodes = cluster.wait(
+        lambda: bound(cluster, release, "app.kubernetes.io/component=scheduler"),
+        "a bound scheduler pod",
+    )
+    assert len(nodes) == 1 and nodes[0] in GPU_NODES + CPU_NODES, nodes
+    (pod,) = cluster.items(
+        f"/api/v1/namespaces/{release}/pods", "app.kubernetes.io/component=scheduler"
+    )
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["kube-scheduler", "extender"]
+    # The default layout has no extender Deployment or Service (issue 17).
+    assert not bound(cluster, release, "app.kubernetes.io/component=extender")
+    svcs = cluster.items(
+        f"/api/v1/namespaces/{release}/services", "app.kubernetes.io/component=extender"
+    )
+    assert svcs == []
 
 
 def test_monitoring_objects_exist_because_their_crds_do(cluster: Cluster, release: str) -> None:
@@ -229,8 +240,8 @@ def test_without_the_pod_resources_mount_every_pod_meets_the_restricted_standard
         return {p["metadata"]["labels"]["app.kubernetes.io/component"] for p in pods}
 
     cluster.wait(
-        lambda: components("gpudaemon-pss") == {"agent", "extender", "scheduler"},
-        "agent, extender and scheduler pods admitted under 'restricted'",
+        lambda: components("gpudaemon-pss") == {"agent", "scheduler"},
+        "agent and scheduler (with the extender) pods admitted under 'restricted'",
     )
     agents = cluster.items(
         "/api/v1/namespaces/gpudaemon-pss/pods", "app.kubernetes.io/component=agent"
@@ -247,4 +258,4 @@ def test_without_the_pod_resources_mount_every_pod_meets_the_restricted_standard
 
     messages = cluster.wait(refused, "the DaemonSet's pods refused under 'restricted'")
     assert 'volume "pod-resources" uses restricted volume type "hostPath"' in messages[0]
-    assert components("gpudaemon-pss-default") == {"extender", "scheduler"}
+    assert components("gpudaemon-pss-default") == {"scheduler"}

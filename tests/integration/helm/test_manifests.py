@@ -61,7 +61,8 @@ def test_tests_apply_the_agent_rbac_and_policy_the_chart_ships() -> None:
     ]  # fmt: skip
     (role,) = [d for d in rbac if d["kind"] == "ClusterRole"]
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]}
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
     ]
 
 
@@ -76,7 +77,7 @@ def scheduler_config(helm: str, *args: str) -> dict[str, Any]:
 
 def test_chart_scheduler_config_is_the_documented_example(helm: str) -> None:
     """Release "gpudaemon" in namespace "gpudaemon" renders exactly the example (the
-    extender's Service address and the leader-election Lease included)."""
+    extender's loopback address and the leader-election Lease included)."""
     assert scheduler_config(helm) == yaml.safe_load(EXAMPLE.read_text())
 
 
@@ -113,7 +114,7 @@ def test_real_kube_scheduler_accepts_the_chart_config(
     (profile,) = written["profiles"]
     assert profile["schedulerName"] == "gpudaemon-scheduler"
     (ext,) = written["extenders"]
-    assert ext["urlPrefix"] == "http://gpudaemon-extender.gpudaemon.svc:9446"
+    assert ext["urlPrefix"] == "http://127.0.0.1:9446"  # the sidecar (issue 17)
     assert ext["weight"] == 3 and ext["nodeCacheCapable"] is True
     # ignoredByScheduler: false is the default, which the scheduler writes out as absent.
     assert ext["managedResources"] == [{"name": "nvidia.com/gpu"}]

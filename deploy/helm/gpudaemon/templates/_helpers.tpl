@@ -77,7 +77,7 @@ app.kubernetes.io/component: {{ .component }}
 {{/* The agent's config file: the user's agent.config under the keys the chart owns. */}}
 {{- define "gpudaemon.agent.config" -}}
 {{- $managed := dict
-  "labels" (dict "prefix" .Values.labelPrefix "to" "apiserver")
+  "labels" (dict "prefix" .Values.labelPrefix "to" "apiserver" "taint_unhealthy" .Values.agent.taintUnhealthy)
   "metrics" (dict "listen" "0.0.0.0:9445")
   "kubernetes" (dict "lease_namespace" .Release.Namespace)
 -}}
@@ -97,14 +97,104 @@ app.kubernetes.io/component: {{ .component }}
 {{- toYaml (mustMergeOverwrite (deepCopy .Values.agent.config) $managed) -}}
 {{- end -}}
 
-{{/* The extender reads the same config model; it needs the prefix and the Lease namespace. */}}
+{{/* The extender reads the same config model; it needs the prefix, the Lease namespace,
+the scheduler's name, and where to listen: loopback beside kube-scheduler (sidecar) or
+every address with mutual TLS (service). */}}
+{{- define "gpudaemon.extender.sidecar" -}}
+{{- if eq .Values.extender.mode "sidecar" -}}true{{- end -}}
+{{- end -}}
+
+{{/* The ServiceAccount the extender runs as: the scheduler's in sidecar mode (same pod). */}}
+{{- define "gpudaemon.extender.identity" -}}
+{{- if include "gpudaemon.extender.sidecar" . -}}
+{{- include "gpudaemon.scheduler.serviceAccountName" . -}}
+{{- else -}}
+{{- include "gpudaemon.extender.serviceAccountName" . -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpudaemon.extender.tlsDir" -}}/var/run/secrets/gpudaemon/extender-tls{{- end -}}
+{{- define "gpudaemon.scheduler.tlsDir" -}}/var/run/secrets/gpudaemon/extender-client{{- end -}}
+
 {{- define "gpudaemon.extender.config" -}}
+{{- $e := .Values.extender -}}
+{{- $ext := dict
+  "policy" $e.policy
+  "scheduler_name" .Values.scheduler.name
+  "metrics_listen" (printf "0.0.0.0:%d" (int $e.metricsPort))
+-}}
+{{- if include "gpudaemon.extender.sidecar" . -}}
+{{- $_ := set $ext "listen" (printf "127.0.0.1:%d" (int $e.port)) -}}
+{{- else -}}
+{{- $dir := include "gpudaemon.extender.tlsDir" . -}}
+{{- $_ := set $ext "listen" (printf "0.0.0.0:%d" (int $e.port)) -}}
+{{- $_ := set $ext "tls" (dict "cert_file" (printf "%s/tls.crt" $dir) "key_file" (printf "%s/tls.key" $dir) "client_ca_file" (printf "%s/ca.crt" $dir)) -}}
+{{- end -}}
 {{- $managed := dict
   "labels" (dict "prefix" .Values.labelPrefix)
   "kubernetes" (dict "lease_namespace" .Release.Namespace)
-  "extender" (dict "listen" (printf "0.0.0.0:%d" (int .Values.extender.port)) "policy" .Values.extender.policy)
+  "extender" $ext
 -}}
 {{- toYaml (mustMergeOverwrite (deepCopy .Values.extender.config) $managed) -}}
+{{- end -}}
+
+{{/* The extender container, the same in its own Deployment (service mode) and in the
+scheduler's pod (sidecar mode). */}}
+{{- define "gpudaemon.extender.container" -}}
+{{- $e := .Values.extender -}}
+- name: extender
+  image: {{ include "gpudaemon.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args: ["extender", "--config", "/etc/gpudaemon-extender/config.yaml"]
+  {{- with $e.env }}
+  env:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  ports:
+    {{- if not (include "gpudaemon.extender.sidecar" .) }}
+    - name: https
+      containerPort: {{ $e.port }}
+      protocol: TCP
+    {{- end }}
+    - name: ext-metrics
+      containerPort: {{ $e.metricsPort }}
+      protocol: TCP
+  {{- with $e.livenessProbe }}
+  livenessProbe:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $e.readinessProbe }}
+  readinessProbe:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $e.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $e.securityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - {name: extender-config, mountPath: /etc/gpudaemon-extender, readOnly: true}
+    - {name: extender-tmp, mountPath: /tmp}
+    {{- if not (include "gpudaemon.extender.sidecar" .) }}
+    - {name: extender-tls, mountPath: {{ include "gpudaemon.extender.tlsDir" . }}, readOnly: true}
+    {{- end }}
+{{- end -}}
+
+{{- define "gpudaemon.extender.volumes" -}}
+- name: extender-config
+  configMap:
+    name: {{ include "gpudaemon.extender.fullname" . }}
+- name: extender-tmp
+  emptyDir: {medium: Memory, sizeLimit: 16Mi}
+{{- if not (include "gpudaemon.extender.sidecar" .) }}
+- name: extender-tls
+  secret:
+    secretName: {{ required "extender.tls.secretName is required when extender.mode is service (a Secret with tls.crt, tls.key and ca.crt; see docs/security.md)" .Values.extender.tls.secretName }}
+    defaultMode: 0440
+{{- end }}
 {{- end -}}
 
 {{/* Whether a CRD-backed object renders: its switch is on, and the API exists or it is forced. */}}
