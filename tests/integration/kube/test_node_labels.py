@@ -69,6 +69,7 @@ def test_once_puts_the_briefs_labels_and_a_parseable_annotation(
         "cuda.driver.major": "12",
         "cuda.driver.minor": "4",
         "gpu.healthy": "8",
+        "gpu.unhealthy": "0",  # always present (issue 17)
         "mig.capable": "false",
         "mig.enabled": "false",
     }
