@@ -17,12 +17,14 @@ from loguru import logger
 from gpudaemon.errors import KubeError, SinkError
 from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import FIELD_MANAGER, Credentials, KubeClient
-from gpudaemon.kube.lease import LeaseRenewer, renew_cron
+from gpudaemon.kube.lease import LeaseRenewer, micro_time, renew_cron
 from gpudaemon.kube.nodehealth import NodeHealthWriter
 from gpudaemon.labels import Labels, LabelSet
 from gpudaemon.labels.sanitize import DEFAULT_PREFIX
 from gpudaemon.logsetup import LogLimiter
 from gpudaemon.schedule import Job
+
+FRESH_SINCE = "fresh-since"
 
 if TYPE_CHECKING:
     from gpudaemon.config import KubernetesConfig
@@ -130,6 +132,14 @@ class NodeLabelSink:
         # or restarted agent, a re-created Node or a lost Lease do not wait for the
         # next renewal tick (minutes) before the extender trusts the node.
         self._lease_owed = True
+        # `<prefix>fresh-since`: written once, just after a renewal that makes the node
+        # fresh again (this process's first, or the first after the Lease lapsed). A
+        # Lease is not a kube-scheduler event; this Node update is, so GPU pods the
+        # extender turned away as "stale" are retried at once instead of waiting for
+        # the scheduler's periodic flush of unschedulable pods (minutes).
+        self._fresh_key = prefix + FRESH_SINCE
+        self._fresh_since: str | None = None
+        self._lease_ok_at = -float("inf")
         self._lease_backoff = Backoff(1.0, k.backoff_max_seconds, rng)
         self._lease_retry_at = -float("inf")
 
@@ -158,7 +168,7 @@ class NodeLabelSink:
         if not isinstance(ls.labels, Labels):
             raise SinkError("refusing labels that did not pass through sanitize_value")
         with self._lock:
-            self._desired = ls.as_dict()
+            self._desired = self._with_fresh_since(ls.as_dict())
             self._unhealthy, self._gpus = ls.unhealthy, ls.gpus
             wrote = self._reconcile()
             return self._sync_health() or wrote
@@ -210,6 +220,15 @@ class NodeLabelSink:
                 self._same_node(node)
                 self._node_uid = _uid(node)
                 self.health.seen(node)
+                if self._fresh_since is None:
+                    # Keep the last agent's value until our own Lease renewal replaces
+                    # it: one write per restart, not two.
+                    prev = ((node.get("metadata") or {}).get("annotations") or {}).get(
+                        self._fresh_key
+                    )
+                    if isinstance(prev, str) and prev:
+                        self._fresh_since = prev
+                        desired = self._desired = self._with_fresh_since(desired)
                 if self.on_read is not None:
                     self.on_read(node)
                 if in_sync(node, desired):
@@ -326,6 +345,32 @@ class NodeLabelSink:
                 return False
             return self._renew()
 
+    def _announce_fresh(self, now: float) -> None:
+        """Write `fresh-since` now, after the Lease, so the scheduler's retry finds the
+        node fresh. A failure is left to kube-retry (the desired set includes it)."""
+        assert self._desired is not None
+        self._fresh_since = micro_time(now)
+        desired = self._with_fresh_since(
+            {"labels": dict(self._desired["labels"]),
+             "annotations": dict(self._desired["annotations"])}
+        )  # fmt: skip
+        in_place = self._applied == self._desired
+        self._desired = desired
+        if not in_place:
+            return
+        try:
+            self.client.apply_node(self.node, desired["labels"], desired["annotations"])
+        except KubeError:
+            self._applied = None
+            return
+        self._applied = desired
+        self.metrics.node_writes.labels("success").inc()
+
+    def _with_fresh_since(self, desired: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        if self._fresh_since is not None:
+            desired["annotations"][self._fresh_key] = self._fresh_since
+        return desired
+
     def _renew(self) -> bool:
         """Renew with the Node we wrote to as owner; log one line per outage."""
         uid = self._node_uid
@@ -337,6 +382,10 @@ class NodeLabelSink:
             self._lease_failed(e)
         self._lease_uid = uid
         self._lease_owed = False
+        now = self.clock()
+        if now - self._lease_ok_at > self.lease.duration_s and self._desired is not None:
+            self._announce_fresh(now)
+        self._lease_ok_at = now
         self._lease_backoff.reset()
         if self._lease_log.forget():
             logger.info("node {}: lease renewed again", self.node)

@@ -147,27 +147,33 @@ def test_first_apply_reads_then_writes_and_repeat_sends_nothing() -> None:
     sink, fake, clock, reg = make()
     assert sink.apply(ls()) is True
     # The first write also renews the Lease and writes the GPUHealthy condition (issue 17).
-    assert fake.calls == ["get", "apply", "lease", "condition"]
+    # fresh-since follows the Lease, so the scheduler retries pods turned away as stale.
+    assert fake.calls == ["get", "apply", "lease", "apply", "condition"]
     assert fake.labels == {"team": "ml", P + "gpu.count": "8"}
     for _ in range(20):
         clock.t += 30
         assert sink.apply(ls()) is False
     # 20 x 30 s reaches the 600 s resync: one read, no write; before it, one cached
     # UID read per reconcile (a re-created Node must be noticed), never a write.
-    assert [c for c in fake.calls if c != "uid"] == ["get", "apply", "lease", "condition", "get"]
+    assert [c for c in fake.calls if c != "uid"] == [
+        "get", "apply", "lease", "apply", "condition", "get"
+    ]  # fmt: skip
     assert fake.calls.count("uid") == 19
-    assert writes(reg, "success") == 1 and writes(reg, "unchanged") == 20
+    assert writes(reg, "success") == 2 and writes(reg, "unchanged") == 20  # + fresh-since
     assert reg.get_sample_value("gpudaemon_last_reconcile_timestamp_seconds") == clock.t
 
 
-def test_restarted_agent_does_not_rewrite_a_node_that_is_already_right() -> None:
+def test_restarted_agent_rewrites_only_its_fresh_since_annotation() -> None:
     sink, fake, _, _ = make()
     sink.apply(ls())
+    labels = dict(fake.labels)
     again, _, _, _ = make()
     again.client = fake
     fake.calls.clear()
-    assert again.apply(ls()) is False
-    assert fake.calls == ["get"]
+    # The labels are right; the one write is `fresh-since`, after the Lease (issue 17).
+    again.apply(ls())
+    assert fake.calls == ["get", "apply"]
+    assert fake.labels == labels and P + "fresh-since" in fake.annotations
 
 
 def test_a_changed_fact_is_written_and_a_dropped_key_removed() -> None:

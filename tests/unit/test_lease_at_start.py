@@ -27,8 +27,9 @@ def test_a_restarted_agent_with_labels_already_in_place_still_renews_at_once() -
     again.client = fake
     again.lease.client = fake  # type: ignore[assignment]
     n = len(fake.leases)
-    assert again.apply(ls()) is False  # no label write
+    again.apply(ls())
     assert len(fake.leases) == n + 1
+    assert fake.calls[-2:] == ["lease", "apply"]  # the Lease, then fresh-since
 
 
 def test_stale_data_is_not_vouched_for_at_start() -> None:
