@@ -56,14 +56,28 @@ class SchedulerRig:
         self.extender = ext
         return ext
 
-    def start_scheduler(self, name: str, with_extender: bool) -> None:
+    def start_scheduler(
+        self,
+        name: str,
+        with_extender: bool,
+        url: str | None = None,
+        tls: dict[str, str] | None = None,
+    ) -> None:
+        """`url`: an extender other than the in-process one (a real `gpudaemon
+        extender` process); `tls`: kube-scheduler's extender tlsConfig (mutual TLS)."""
         conf = yaml.safe_load(SCHED_CONFIG.read_text())
         conf["leaderElection"] = {"leaderElect": False}
         conf["clientConnection"] = {"kubeconfig": str(self.cp.admin_kubeconfig)}
         if with_extender:
-            assert self.extender is not None
-            conf["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{self.extender.server.port}"
-            assert conf["profiles"][0]["schedulerName"] == name
+            if url is None:
+                assert self.extender is not None
+                url = f"http://127.0.0.1:{self.extender.server.port}"
+            conf["extenders"][0]["urlPrefix"] = url
+            if tls is not None:
+                conf["extenders"][0]["enableHTTPS"] = True
+                conf["extenders"][0]["tlsConfig"] = tls
+            assert conf["profiles"][0]["schedulerName"] == "gpudaemon-scheduler"
+            conf["profiles"][0]["schedulerName"] = name
         else:
             conf.pop("extenders")
             conf["profiles"] = [{"schedulerName": name}]
