@@ -33,7 +33,7 @@ from pydantic_settings import EnvSettingsSource, SettingsError
 from pydantic_settings.sources.utils import parse_env_vars
 
 from gpudaemon.errors import ConfigError, CronError, UsageError
-from gpudaemon.kube.client import SA_TOKEN
+from gpudaemon.incluster import SA_TOKEN
 from gpudaemon.labels.sanitize import DEFAULT_PREFIX, validate_prefix
 from gpudaemon.schedule import parse_cron
 from gpudaemon.textfile import MIB, check_regular_file, read_text_file

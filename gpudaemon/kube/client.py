@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from gpudaemon.errors import (
@@ -29,7 +28,6 @@ from gpudaemon.errors import (
     server_message,
 )
 
-SA_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 FIELD_MANAGER = "gpudaemon"
 APPLY_PATCH = "application/apply-patch+yaml"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
