@@ -280,7 +280,9 @@ class ExtenderConfig(_Section):
     tls: ExtenderTls = ExtenderTls()
     # The default policy; a pod picks another with the annotation gpudaemon.io/policy.
     # fragmentation: fewest unallocated GPUs on the openb trace (docs/benchmarks.md).
-    policy: Literal["binpack", "spread", "fragmentation"] = "fragmentation"
+    # Checked against the policy registry (extender/policies/) when the extender starts:
+    # configuration sits below the extender and does not import it.
+    policy: Annotated[str, Field(min_length=1, max_length=63)] = "fragmentation"
     # Weight of measured utilization as the tie-break within a policy. Below 1, so it
     # only orders nodes the GPU arithmetic leaves equal.
     utilization_weight: Annotated[Number, Field(ge=0, lt=1)] = 0.5

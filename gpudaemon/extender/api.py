@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.extender.metrics import ExtenderMetrics
 from gpudaemon.extender.pods import PodVerifier
-from gpudaemon.extender.podspec import pod_policy, pod_shape
-from gpudaemon.extender.policies.base import Policy
+from gpudaemon.extender.podspec import POLICY_ANNOTATION, pod_policy, pod_shape
+from gpudaemon.extender.policies.base import Policy, UnknownPolicyError
 from gpudaemon.extender.scoring import MAX_SCORE, Rejection, ScoreMemo, best_nodes, check_node, rank
 from gpudaemon.extender.state import NodeState, PodShape
 from gpudaemon.httpserver import Readiness, StartResponse, probe_response, text_response
@@ -34,6 +34,10 @@ JSON_HEADERS = [("Content-Type", "application/json")]
 
 class BadRequest(ValueError):
     """The body is not a valid ExtenderArgs: answered 400 with this message."""
+
+
+class UnknownPodPolicy(ValueError):
+    """The pod's annotation names no registered policy: every node fails with this."""
 
 
 class NotReady(RuntimeError):
@@ -109,7 +113,7 @@ class ExtenderApi:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if default_policy not in policies:
-            raise ValueError(f"unknown policy {default_policy!r}")
+            raise UnknownPolicyError(default_policy)
         self.cluster = cluster
         self.policies = dict(policies)
         self.default_policy = default_policy
@@ -126,6 +130,8 @@ class ExtenderApi:
         self._scores = ScoreMemo()  # used under _lock
         self._bug_log = LogLimiter(60.0)  # a traceback per kind of failure per minute
         self._metrics_app = make_wsgi_app(registry)
+        for p in self.policies.values():  # what they learn from nodes, off the request path
+            cluster.add_node_listener(p)
 
     # -- WSGI ---------------------------------------------------------------------
 
@@ -190,17 +196,35 @@ class ExtenderApi:
             raise BadRequest("pod spec is malformed (containers/resources)") from None
 
     def _policy(self, pod: Mapping[str, Any]) -> Policy:
+        """The pod's policy (annotation), else the default. An unknown name is an error
+        the scheduler shows the user, not a silent fallback."""
         chosen = pod_policy(pod)
-        return self.policies.get(chosen or "", self.policies[self.default_policy])
+        if chosen is None:
+            return self.policies[self.default_policy]
+        policy = self.policies.get(chosen)
+        if policy is None:
+            raise UnknownPodPolicy(
+                f"gpudaemon: unknown policy {chosen!r} in annotation {POLICY_ANNOTATION}"
+                f" (known: {', '.join(sorted(self.policies))})"
+            )
+        return policy
 
     def filter(self, args: Args) -> dict[str, Any]:
         shape = self._shape(args.pod)
         if shape.gpus <= 0:  # not ours to judge: pass everything through, quickly
             return self._filter_result(args, args.names, {})
         self._require_ready()
+        try:
+            policy = self._policy(args.pod)
+        except UnknownPodPolicy as e:
+            self.metrics.filter_nodes.labels("unknown_policy").inc(len(args.names))
+            return self._filter_result(args, [], {n: str(e) for n in args.names})
         real = self._real_pod(args.pod, shape)
-        if self.observe is not None and real is not None:
-            self.observe(real[0], real[1])
+        if real is not None:
+            for p in self.policies.values():
+                p.observe_pod(real[0], real[1])
+            if self.observe is not None:
+                self.observe(real[0], real[1])
         failed: dict[str, str] = {}
         passed: list[str] = []
         removed: Counter[str] = Counter()  # by reason; one metric update per reason
@@ -221,7 +245,6 @@ class ExtenderApi:
                 # FailedNodes: the scheduler reads that map only for a pod that fits
                 # nowhere, and here some node fits; listing them would cost the
                 # scheduler a map of every node to decode per pod.
-                policy = self._policy(args.pod)
                 raw = self._scores.scores(policy, shape, passed, states)
                 if raw:  # none scorable (our CPU/memory view says no node fits, the
                     # scheduler's says some do): leave the choice to the scheduler
@@ -247,7 +270,10 @@ class ExtenderApi:
 
     def prioritize(self, args: Args) -> list[dict[str, Any]]:
         shape = self._shape(args.pod)
-        policy = self._policy(args.pod)
+        try:
+            policy = self._policy(args.pod)
+        except UnknownPodPolicy:  # /filter already failed every node with the reason
+            return [{"Host": n, "Score": 0} for n in args.names]
         # A GPU-less pod reaches us only without managedResources; neutral unless the
         # policy judges where it strands GPUs (fragmentation does).
         if shape.gpus <= 0 and not policy.scores_gpuless_pods:
@@ -269,9 +295,8 @@ class ExtenderApi:
     def _real_pod(self, pod: Mapping[str, Any], shape: PodShape) -> tuple[str, PodShape] | None:
         """(UID, requests) of the real pod behind the body, or None: then nothing is
         booked or learned for it, and the reason is counted."""
-        if self.verifier is None:
-            uid = _uid(pod)
-            return (uid, shape) if uid else None
+        if self.verifier is None:  # trusted (tests, benchmarks); "" is never assumed
+            return _uid(pod), shape
         real, why = self.verifier.verify(pod)
         if real is None:
             self.metrics.unverified.labels(why).inc()

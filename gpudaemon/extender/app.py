@@ -23,8 +23,7 @@ from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.extender.informer import ListWatchClient, Reflector
 from gpudaemon.extender.metrics import CacheCollector
 from gpudaemon.extender.pods import PendingPods, PodVerifier
-from gpudaemon.extender.policies import BinPack, Policy, Spread
-from gpudaemon.extender.policies.fragmentation import Fragmentation, make_fragmentation
+from gpudaemon.extender.policies import Policy, build_policies, policy_spec
 from gpudaemon.httpserver import (
     HttpServer,
     StartResponse,
@@ -47,12 +46,10 @@ def pending_selector(scheduler_name: str) -> str:
 
 
 def make_policies(cfg: Config) -> dict[str, Policy]:
-    w = cfg.extender.utilization_weight
-    return {
-        "binpack": BinPack(w),
-        "spread": Spread(w),
-        "fragmentation": make_fragmentation(cfg.extender, utilization_weight=w),
-    }
+    """Every registered policy (extender/policies/), built from the `extender:` section;
+    an unknown `extender.policy` is a ConfigError naming the known ones (exit 2)."""
+    policy_spec(cfg.extender.policy)
+    return build_policies(cfg.extender)
 
 
 def observability_only(app: WsgiApp) -> WsgiApp:
@@ -79,6 +76,8 @@ class Extender:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cfg = cfg
+        # First: an unknown policy exits 2 with one line, before any API call.
+        self.policies = make_policies(cfg)
         if client is None:
             creds = find_credentials(cfg.kubernetes.kubeconfig, bool(cfg.kubernetes.in_cluster))
             if creds is None:
@@ -116,12 +115,6 @@ class Extender:
             is_bound=self.cluster.is_bound,
             lookups_per_second=ext.pod_lookups_per_second,
         )
-        self.policies = make_policies(cfg)
-        if ext.policy not in self.policies:
-            raise ConfigError(f"extender.policy: {ext.policy!r} is not available")
-        # The fragmentation policy learns the workload from the pods /filter sees.
-        frag = self.policies["fragmentation"]
-        observe = frag.observe if isinstance(frag, Fragmentation) else None
         self.api = ExtenderApi(
             self.cluster,
             self.policies,
@@ -130,7 +123,6 @@ class Extender:
             self.ready,
             avoid_unhealthy=ext.avoid_unhealthy_nodes,
             candidates=ext.candidates,
-            observe=observe,
             verifier=self.verifier,
         )
         self.registry.register(CacheCollector(self.sizes, self.cache_ages))

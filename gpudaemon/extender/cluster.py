@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from gpudaemon.extender.podspec import GPU_RESOURCE, pod_shape, quantity
 from gpudaemon.extender.state import NodeState, PodShape
@@ -30,6 +30,12 @@ from gpudaemon.labels.sanitize import DEFAULT_PREFIX
 Obj = Mapping[str, Any]
 TERMINAL_PHASES = ("Succeeded", "Failed")
 _NEVER = float("-inf")  # fresh until: no Lease vouches for the node
+
+
+class NodeListener(Protocol):
+    def observe_node(self, node: NodeState) -> None: ...
+
+    def forget_node(self, name: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,16 +88,32 @@ class ClusterState:
         # request compares one number per node.
         self._fresh_until: dict[str, float] = {}
         self._states: dict[str, NodeState] = {}  # cache of node + usage, per node
+        # Told of every node as it appears or changes (without pod usage) and as it goes:
+        # the policies' `observe_node` / `forget_node` hooks, off the request path.
+        self._node_listeners: list[NodeListener] = []
+
+    def add_node_listener(self, listener: NodeListener) -> None:
+        """Also replays the nodes already known, so the order of wiring does not matter."""
+        with self._lock:
+            if any(x is listener for x in self._node_listeners):
+                return
+            self._node_listeners.append(listener)
+            for st in self._nodes.values():
+                listener.observe_node(st)
 
     # -- nodes --------------------------------------------------------------------
 
     def replace_nodes(self, items: Iterable[Obj]) -> None:
         with self._lock:
+            gone = set(self._nodes)
             self._nodes.clear()
             self._node_uids.clear()
             self._states.clear()
             for obj in items:
                 self._put_node(obj)
+            for name in gone - set(self._nodes):
+                for listener in self._node_listeners:
+                    listener.forget_node(name)
             self._fresh_until = {n: t for n in self._leases if (t := self._vouch(n)) is not None}
 
     def node_event(self, kind: str, obj: Obj) -> None:
@@ -101,6 +123,8 @@ class ClusterState:
                 self._nodes.pop(name, None)
                 self._node_uids.pop(name, None)
                 self._states.pop(name, None)
+                for listener in self._node_listeners:
+                    listener.forget_node(name)
             else:
                 self._put_node(obj)
             self._update_fresh(name)
@@ -126,6 +150,8 @@ class ClusterState:
         )
         self._node_uids[name] = str(meta.get("uid", ""))
         self._states.pop(name, None)
+        for listener in self._node_listeners:
+            listener.observe_node(self._nodes[name])
 
     # -- pods ---------------------------------------------------------------------
 

@@ -51,7 +51,15 @@ class ExtenderMetrics:
         )
         for reason in REASONS:
             self.unverified.labels(reason)
-        for r in ("passed", "no_agent", "stale", "unhealthy", "insufficient_gpus", "outranked"):
+        for r in (
+            "passed",
+            "no_agent",
+            "stale",
+            "unhealthy",
+            "insufficient_gpus",
+            "outranked",
+            "unknown_policy",
+        ):
             self.filter_nodes.labels(r)
         for v in ("filter", "prioritize"):
             self.request_seconds.labels(v)

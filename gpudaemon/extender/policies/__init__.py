@@ -1,13 +1,42 @@
-"""Scoring policies: one module each, pure functions from (node, pod) to a raw score.
+"""Scoring policies: one module each, registered by name (base.py has the registry).
 
-A raw score only has to order nodes (higher is better); `scoring.to_levels` maps the
-order onto the scheduler's 0-10 scale.
+Every module in this package is imported here, so a new policy file registers itself
+with no other edit. A raw score only has to order nodes (higher is better);
+`scoring.to_levels` maps the order onto the scheduler's 0-10 scale.
 """
 
 from __future__ import annotations
 
-from gpudaemon.extender.policies.base import Policy
-from gpudaemon.extender.policies.binpack import BinPack
-from gpudaemon.extender.policies.spread import Spread
+import importlib
+import pkgutil
 
-__all__ = ["BinPack", "Policy", "Spread"]
+from gpudaemon.extender.policies.base import (
+    Policy,
+    PolicySpec,
+    UnknownPolicyError,
+    build_policies,
+    known_policies,
+    policy_spec,
+    register,
+    unregister,
+)
+
+for _mod in pkgutil.iter_modules(__path__):
+    if _mod.name != "base":
+        importlib.import_module(f"{__name__}.{_mod.name}")
+
+from gpudaemon.extender.policies.binpack import BinPack  # noqa: E402
+from gpudaemon.extender.policies.spread import Spread  # noqa: E402
+
+__all__ = [
+    "BinPack",
+    "Policy",
+    "PolicySpec",
+    "Spread",
+    "UnknownPolicyError",
+    "build_policies",
+    "known_policies",
+    "policy_spec",
+    "register",
+    "unregister",
+]

@@ -9,7 +9,7 @@ nodes whole for the next large pod.
 
 from __future__ import annotations
 
-from gpudaemon.extender.policies.base import FreeGpuPolicy, utilization
+from gpudaemon.extender.policies.base import FreeGpuPolicy, PolicySpec, register, utilization
 from gpudaemon.extender.state import NodeState, PodShape
 
 
@@ -19,3 +19,13 @@ class BinPack(FreeGpuPolicy):
     def raw_score(self, node: NodeState, pod: PodShape) -> float:
         free_after = node.gpus_free - pod.gpus
         return -float(free_after) + self.utilization_weight * utilization(node)
+
+
+register(
+    PolicySpec(
+        "binpack",
+        lambda ext: BinPack(ext.utilization_weight),
+        "fewest healthy free GPUs left after placement (MostAllocated for GPUs)",
+        ("utilization_weight",),
+    )
+)

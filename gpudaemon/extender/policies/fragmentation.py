@@ -44,6 +44,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpudaemon.extender.policies.base import PolicySpec, register
 from gpudaemon.extender.state import NodeState, PodShape
 
 NodeKey = tuple[str, int, int, int]  # (gpu model, free GPUs, free CPU milli, free bytes)
@@ -237,7 +238,7 @@ class Fragmentation:
 
     # -- learning ---------------------------------------------------------------------
 
-    def observe(self, uid: str, shape: PodShape) -> None:
+    def observe_pod(self, uid: str, shape: PodShape) -> None:
         """A pod arrived (the start of a filter call). Counted once per UID: the scheduler
         retries an unschedulable pod, and a retry is not a new arrival. This is also the
         one point where a new typical set or new node capacities take effect, so the
@@ -258,7 +259,9 @@ class Fragmentation:
             self.workload.observe(shape)
         self._refresh()
 
-    def _note_node(self, node: NodeState) -> None:
+    def observe_node(self, node: NodeState) -> None:
+        """A node appeared or changed (the informer's event): its static capacity counts
+        toward each shape's share of the cluster from the next `observe_pod`."""
         # NodeState is immutable and replaced on change: the same object was noted.
         if self._last.get(node.name) is node:
             return
@@ -274,6 +277,17 @@ class Fragmentation:
                     del self._capacity[old]
             self._nodes[node.name] = cap
             self._capacity[cap] += 1
+            self._capacity_version += 1
+
+    def forget_node(self, name: str) -> None:
+        with self._lock:
+            self._last.pop(name, None)
+            old = self._nodes.pop(name, None)
+            if old is None:
+                return
+            self._capacity[old] -= 1
+            if self._capacity[old] <= 0:
+                del self._capacity[old]
             self._capacity_version += 1
 
     # -- scoring ----------------------------------------------------------------------
@@ -298,13 +312,12 @@ class Fragmentation:
 
     def fragmentation(self, node: NodeState) -> int:
         """The node's fragmentation under the current tables."""
-        self._note_node(node)
         tables, memo, _ = self._state or self._refresh()
         return _frag(tables, memo, node_key(node))
 
     def raw_score(self, node: NodeState, pod: PodShape) -> float:
-        if self._last.get(node.name) is not node:
-            self._note_node(node)
+        """Pure: reads the tables as of the last `observe_pod` (the memo of fragmentation
+        per node class is a cache of a pure function, not learned state)."""
         free, cpu, mem = node.gpus_free, node.cpu_free_milli, node.memory_free_bytes
         k, c, m = pod.gpus, pod.cpu_milli, pod.memory_bytes
         model = node.gpu_model
@@ -369,3 +382,13 @@ def make_fragmentation(ext: Any, utilization_weight: float = 0.5) -> Fragmentati
         )
         fixed.append(TypicalPod(shape, max(1, round(float(e.weight) * _SCALE)) * shape.gpus))
     return Fragmentation(Workload(window=window, fixed=fixed), utilization_weight)
+
+
+register(
+    PolicySpec(
+        "fragmentation",
+        lambda ext: make_fragmentation(ext, utilization_weight=ext.utilization_weight),
+        "fewest GPUs stranded for the workload's typical pods (FGD); learns the workload",
+        ("utilization_weight", "workload_window", "typical_pods"),
+    )
+)

@@ -8,7 +8,7 @@ resources; ties go to the less busy node.
 
 from __future__ import annotations
 
-from gpudaemon.extender.policies.base import FreeGpuPolicy, utilization
+from gpudaemon.extender.policies.base import FreeGpuPolicy, PolicySpec, register, utilization
 from gpudaemon.extender.state import NodeState, PodShape
 
 
@@ -18,3 +18,13 @@ class Spread(FreeGpuPolicy):
     def raw_score(self, node: NodeState, pod: PodShape) -> float:
         free_after = node.gpus_free - pod.gpus
         return float(free_after) - self.utilization_weight * utilization(node)
+
+
+register(
+    PolicySpec(
+        "spread",
+        lambda ext: Spread(ext.utilization_weight),
+        "most healthy free GPUs left after placement (LeastAllocated for GPUs)",
+        ("utilization_weight",),
+    )
+)

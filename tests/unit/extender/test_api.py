@@ -331,7 +331,7 @@ def test_memoized_answers_equal_scores_computed_afresh(
     policies = {"fragmentation": frag, "binpack": BinPack(), "spread": Spread()}
     api = ExtenderApi(
         c, policies, "fragmentation", CollectorRegistry(), lambda: (True, "ok"),
-        observe=frag.observe, candidates=2,
+        candidates=2,
     )  # fmt: skip
     bound: list[str] = []
     for k, (op, i, gpus, policy) in enumerate(ops):
@@ -343,7 +343,7 @@ def test_memoized_answers_equal_scores_computed_afresh(
         elif op == "schedule":
             body = json.dumps({"Pod": pod(f"s{k}", gpus, policy), "NodeNames": names}).encode()
             shape = PodShape(gpus, 1000)
-            frag.observe(f"s{k}", shape)  # what /filter does first (a repeat is not counted)
+            frag.observe_pod(f"s{k}", shape)  # what /filter does first (a repeat is not counted)
             # afresh: every node that fits, scored directly on the current states
             raw = {
                 n: policies[policy].raw_score(s, shape)

@@ -52,8 +52,8 @@ def fixed(*items: tuple[PodShape, int], nodes: list[NodeState] | None = None) ->
     """A policy with a fixed workload; `nodes` are the cluster it has seen (for shares)."""
     policy = Fragmentation(Workload(fixed=[TypicalPod(s, w) for s, w in items]))
     for n in nodes or []:
-        policy.fragmentation(n)  # the policy learns capacities from the nodes it scores
-    policy.observe("", PodShape(1))  # ... and applies them at the next arrival
+        policy.observe_node(n)  # the informer's node events (scoring learns nothing)
+    policy.observe_pod("", PodShape(1))  # ... applied at the next arrival
     return policy
 
 
@@ -239,8 +239,8 @@ def test_fixed_workload_rejects_empty_or_bad_entries(bad: list[TypicalPod]) -> N
 def test_a_retried_pod_is_one_arrival() -> None:
     policy = Fragmentation(Workload(refresh_every=1))
     for _ in range(5):
-        policy.observe("uid-1", shape(8))
-    policy.observe("uid-2", shape(1))
+        policy.observe_pod("uid-1", shape(8))
+    policy.observe_pod("uid-2", shape(1))
     _, typical = policy.workload.typical()
     assert sorted((t.shape.gpus, t.weight) for t in typical) == [(1, 1), (8, 8)]
 
@@ -248,11 +248,30 @@ def test_a_retried_pod_is_one_arrival() -> None:
 def test_new_capacities_apply_at_the_next_arrival_not_mid_request() -> None:
     policy = fixed((shape(8, 120), 1), (shape(1), 1))
     big = node("big", cpu=128)
-    policy.raw_score(node("small"), shape(1))
+    policy.observe_node(node("small"))
+    policy.observe_node(big)  # a node event in the middle of a request ...
     before = policy.raw_score(big, shape(1))
     assert policy.raw_score(big, shape(1)) == before  # same request, same tables
-    policy.observe("next", shape(1))
+    policy.observe_pod("next", shape(1))
     assert policy.raw_score(big, shape(1)) != before  # the big node's class is rare now
+
+
+def test_scoring_learns_nothing_and_a_deleted_node_is_forgotten() -> None:
+    """raw_score is pure (issue 23): scoring nodes never seen as node events changes no
+    table; forgetting a node changes the shares at the next arrival."""
+    policy = fixed((shape(8, 120), 1), (shape(1), 1), nodes=[node("small")])
+    big = node("big", cpu=128)
+    version = policy.scores_version()
+    for _ in range(3):
+        policy.raw_score(big, shape(1))
+    policy.observe_pod("next", shape(1))
+    assert policy.scores_version() == version  # nothing new was learned from scoring
+    policy.observe_node(big)
+    policy.observe_pod("again", shape(1))
+    with_big = policy.raw_score(big, shape(1))
+    policy.forget_node("big")
+    policy.observe_pod("third", shape(1))
+    assert policy.raw_score(big, shape(1)) != with_big
 
 
 def test_make_fragmentation_from_config() -> None:
@@ -359,7 +378,7 @@ def test_a_reader_never_sees_the_new_version_before_the_new_tables(
     from gpudaemon.extender.policies import fragmentation
 
     frag = Fragmentation(Workload(window=4, refresh_every=1))
-    frag.observe("a", PodShape(1))
+    frag.observe_pod("a", PodShape(1))
     before = frag.scores_version()
     seen: list[object] = []
     build = fragmentation._Tables.__init__
@@ -369,6 +388,6 @@ def test_a_reader_never_sees_the_new_version_before_the_new_tables(
         build(self, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(fragmentation._Tables, "__init__", slow_build)
-    frag.observe("b", PodShape(2))  # a new typical set: new tables
+    frag.observe_pod("b", PodShape(2))  # a new typical set: new tables
     assert seen == [before]
     assert frag.scores_version() != before
