@@ -40,6 +40,9 @@ from gpudaemon.kube.lease import lease_path
 POD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 
 
+LOOKUP_TIMEOUT_S = 1.0
+
+
 def pending_selector(scheduler_name: str) -> str:
     """Unbound pods of our scheduler: the only pods GPUs are booked for (pods.py)."""
     return f"spec.nodeName=,spec.schedulerName={scheduler_name}"
@@ -110,7 +113,11 @@ class Extender:
         ]  # fmt: skip
         self.verifier = PodVerifier(
             self.pending,
-            lambda ns, name: kube.request("GET", f"/api/v1/namespaces/{ns}/pods/{name}"),
+            # Short: it runs inside a scheduler request (httpTimeout 5 s); a slow API
+            # server costs one unbooked pod, not a failed scheduling attempt.
+            lambda ns, name: kube.request(
+                "GET", f"/api/v1/namespaces/{ns}/pods/{name}", timeout_s=LOOKUP_TIMEOUT_S
+            ),
             ext.scheduler_name,
             is_bound=self.cluster.is_bound,
             lookups_per_second=ext.pod_lookups_per_second,

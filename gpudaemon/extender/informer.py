@@ -35,7 +35,7 @@ class ListWatchClient(Protocol):
         query: Mapping[str, str] | None = None,
     ) -> Iterator[tuple[str, Obj]]: ...
 
-    def request(self, method: str, path: str) -> Obj:
+    def request(self, method: str, path: str, *, timeout_s: float | None = None) -> Obj:
         """One call (the pod verifier's single GET); KubeError on failure."""
         ...
 

@@ -154,11 +154,14 @@ class KubeClient:
         body: Any = None,
         content_type: str | None = None,
         query: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
     ) -> dict[str, Any]:
-        """One call; the JSON answer, or a KubeError naming method, path and reason."""
+        """One call; the JSON answer, or a KubeError naming method, path and reason.
+        `timeout_s` overrides the read timeout (a call on a request path)."""
         import urllib3
 
-        resp = self._open(method, path, body, content_type, query, self.timeout)
+        timeout = self.timeout if timeout_s is None else (self.timeout[0], timeout_s)
+        resp = self._open(method, path, body, content_type, query, timeout)
         try:
             data = resp.read()
         except (urllib3.exceptions.HTTPError, OSError) as e:

@@ -57,7 +57,7 @@ class NoApi:
     def watch(self, *a: Any, **k: Any) -> Any:
         raise AssertionError("no API call expected")
 
-    def request(self, method: str, path: str) -> Any:
+    def request(self, method: str, path: str, **kw: Any) -> Any:
         raise AssertionError("no API call expected")
 
 
