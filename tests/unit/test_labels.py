@@ -55,7 +55,7 @@ def test_dgx_h100_labels() -> None:
         "healthy",
         "processes",
     }
-    assert all(is_valid_value(v) for v in ls.labels.values())
+    assert len(ls.labels) > 10 and all(is_valid_value(v) for v in ls.labels.values())
 
 
 def test_mig_and_mixed_labels() -> None:
@@ -69,7 +69,8 @@ def test_mig_and_mixed_labels() -> None:
 
 def test_custom_prefix() -> None:
     ls = NodeLabeler("example.com/").build(snapshot(SimulatedBackend(load_profile("dgx-h100"))))
-    assert all(k.startswith("example.com/") for k in [*ls.labels, *ls.annotations])
+    keys = [*ls.labels, *ls.annotations]
+    assert len(keys) > 10 and all(k.startswith("example.com/") for k in keys)
 
 
 def test_lost_gpu_changes_health_label_and_annotation() -> None:
@@ -163,7 +164,7 @@ def test_unclean_names_in_a_profile_still_give_valid_labels() -> None:
         " memory_total_mib: 81559, compute_capability: '9.0'}]"
     )
     ls = NodeLabeler().build(snapshot(SimulatedBackend(prof)))
-    assert all(is_valid_value(v) for v in ls.labels.values())
+    assert ls.labels and all(is_valid_value(v) for v in ls.labels.values())
     assert len(ls.labels[P + "gpu.product"]) <= 63
 
 

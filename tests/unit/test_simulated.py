@@ -16,7 +16,8 @@ def test_builtin_profiles(name: str, count: int) -> None:
     inv = b.inventory()
     assert len(inv.gpus) == count
     assert len({g.uuid for g in inv.gpus}) == count
-    assert all(s.healthy for s in b.sample())
+    samples = b.sample()
+    assert len(samples) == count and all(s.healthy for s in samples)
 
 
 def test_dgx_h100_matches_the_hardware() -> None:
@@ -31,6 +32,7 @@ def test_dgx_h100_matches_the_hardware() -> None:
 
 def test_a100_mig_has_seven_instances_per_gpu() -> None:
     inv = SimulatedBackend(load_profile("a100-mig")).inventory()
+    assert len(inv.gpus) == 8
     assert all(g.mig_enabled and len(g.mig_devices) == 7 for g in inv.gpus)
 
 
@@ -67,11 +69,14 @@ def test_lost_gpu_is_unhealthy_and_others_carry_on() -> None:
     clock = FakeClock(1000.0)
     b = SimulatedBackend(load_profile("dgx-h100"), clock=clock)
     b.inject(3, FaultSpec(kind="lost", after_s=5))
-    assert all(s.healthy for s in b.sample())
+    first = b.sample()
+    assert len(first) == 8 and all(s.healthy for s in first)
     clock.t += 6
     samples = b.sample()
     assert samples[3].lost and not samples[3].healthy and samples[3].gpu_utilization_ratio is None
-    assert all(s.healthy and s.gpu_utilization_ratio is not None for s in samples if s.index != 3)
+    others = [s for s in samples if s.index != 3]
+    assert len(others) == 7
+    assert all(s.healthy and s.gpu_utilization_ratio is not None for s in others)
 
 
 def test_critical_xid_marks_unhealthy_application_xid_does_not() -> None:

@@ -64,9 +64,9 @@ def test_n_cycles_give_n_times_8_points_per_field_with_the_right_tags(
     assert rig.metric("gpudaemon_influxdb_points_written_total") == n * 8
     # Same units as the metrics: bytes are bytes, ratios 0-1.
     mem = [r.value for r in rows if r.field == "memory_total_bytes"]
-    assert all(v == inv.gpus[0].memory_total_bytes for v in mem)
+    assert len(mem) == n * 8 and all(v == inv.gpus[0].memory_total_bytes for v in mem)
     util = [r.value for r in rows if r.field == "utilization_ratio"]
-    assert all(0.0 <= v <= 1.0 for v in util)
+    assert len(util) == n * 8 and all(0.0 <= v <= 1.0 for v in util)
 
 
 def test_outage_points_are_replayed_in_order_without_duplicates(

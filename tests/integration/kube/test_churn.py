@@ -88,6 +88,7 @@ def test_lost_gpu_reaches_label_and_annotation_within_one_reconcile(
     assert n["metadata"]["labels"][P + "gpu.healthy"] == "7"
     gpus = {g["index"]: g for g in annotation(n)}
     assert gpus[3]["healthy"] is False and gpus[3]["reason"] == "gpu lost"
+    assert sorted(gpus) == list(range(8))
     assert all(gpus[i]["healthy"] for i in gpus if i != 3)
 
 
