@@ -9,6 +9,7 @@ handlers maintain.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -55,8 +56,10 @@ class Reflector:
         watch_timeout_s: float = 300.0,
         backoff: Backoff | None = None,
         clock: Callable[[], float] = time.monotonic,
+        rng: Callable[[], float] = random.random,
     ) -> None:
         self.client, self.kind, self.path = client, kind, path
+        self.rng = rng
         self.on_replace, self.on_event = on_replace, on_event
         self.query = dict(query or {})
         self.watch_timeout_s = watch_timeout_s
@@ -103,7 +106,10 @@ class Reflector:
 
     def _watch(self, rv: str, stop: threading.Event) -> None:
         while not stop.is_set():
-            for kind, obj in self.client.watch(self.path, rv, self.watch_timeout_s, self.query):
+            # Between one and two times the timeout, as client-go's reflector: 5,000
+            # extenders' (or one extender's three) watches do not end and relist in step.
+            timeout = self.watch_timeout_s * (1.0 + self.rng())
+            for kind, obj in self.client.watch(self.path, rv, timeout, self.query):
                 if stop.is_set():
                     return
                 new_rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)

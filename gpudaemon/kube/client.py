@@ -38,6 +38,7 @@ CONNECT_TIMEOUT_S = 3.0
 # force: keys under our prefix are ours; take them back from a hand edit.
 APPLY_QUERY = {"fieldManager": FIELD_MANAGER, "force": "true"}
 MANAGER_QUERY = {"fieldManager": FIELD_MANAGER}
+LIST_PAGE = 500  # client-go's pager default
 
 _ERROR_TYPES: dict[str, type[KubeError]] = {
     "unauthorized": KubeForbiddenError,
@@ -227,13 +228,26 @@ class KubeClient:
     # -- list + watch ---------------------------------------------------------------
 
     def list_items(
-        self, path: str, query: Mapping[str, str] | None = None
+        self, path: str, query: Mapping[str, str] | None = None, page_size: int = LIST_PAGE
     ) -> tuple[list[dict[str, Any]], str]:
-        """A collection's items and its resourceVersion, the point to watch from."""
-        out = self.request("GET", path, query=query)
-        items = out.get("items") or []
-        rv = str((out.get("metadata") or {}).get("resourceVersion") or "")
-        return [i for i in items if isinstance(i, dict)], rv
+        """A collection's items and its resourceVersion, the point to watch from. Listed
+        in pages of `page_size`, as client-go's pager does: one request for 5,000 Nodes
+        would hold the API server's memory and a long response at once. The pages form
+        one consistent snapshot; an expired continue token is a 410 (KubeGoneError),
+        which the reflector answers by listing again."""
+        items: list[dict[str, Any]] = []
+        base = dict(query or {})
+        if page_size > 0:
+            base["limit"] = str(page_size)
+        cont = ""
+        while True:
+            q = {**base, "continue": cont} if cont else base
+            out = self.request("GET", path, query=q)
+            items += [i for i in out.get("items") or [] if isinstance(i, dict)]
+            meta = out.get("metadata") or {}
+            cont = str(meta.get("continue") or "")
+            if not cont:
+                return items, str(meta.get("resourceVersion") or "")
 
     def watch(
         self,

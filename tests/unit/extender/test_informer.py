@@ -7,6 +7,8 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import pytest
+
 from gpudaemon.errors import KubeGoneError, KubeUnavailableError
 from gpudaemon.extender.informer import Reflector
 from gpudaemon.kube.backoff import Backoff
@@ -113,3 +115,46 @@ def test_410_relists_at_once_and_other_errors_back_off() -> None:
     ]
     # only the unavailable error waited, with the backoff's delay (rng=1: the full delay)
     assert delays[0] == 1.0
+
+
+def test_watch_timeouts_are_spread_between_one_and_two_times_the_setting() -> None:
+    """client-go's reflector spreads its watch timeouts so that many watches do not end
+    (and a fleet of extenders relist) in step (issue 23)."""
+    first: list[float] = []
+    for r in (0.0, 0.5, 0.999):
+        seen: list[float] = []
+        stop = threading.Event()
+
+        class Recording(ScriptedClient):
+            def watch(self, path: str, rv: str, timeout_s: float = 300.0, query: Any = None) -> Any:
+                seen.append(timeout_s)  # noqa: B023 - read before the loop moves on
+                return super().watch(path, rv, timeout_s, query)
+
+        client = Recording(lists=[([], "1")], watches=[[]], stop=stop)
+        Reflector(client, "nodes", "/api/v1/nodes", lambda i: None, lambda k, o: None,
+                  watch_timeout_s=300, rng=lambda r=r: r).run(stop)  # fmt: skip
+        first.append(seen[0])
+    assert first == [300.0, 450.0, pytest.approx(599.7)]
+
+
+def test_lists_come_in_pages_and_the_last_page_gives_the_version() -> None:
+    from gpudaemon.kube.client import KubeClient
+
+    pages = {
+        "": {"items": [{"n": 1}, {"n": 2}], "metadata": {"continue": "t1", "resourceVersion": "9"}},
+        "t1": {"items": [{"n": 3}], "metadata": {"resourceVersion": "9"}},
+    }
+    asked: list[dict[str, str]] = []
+
+    def request(method: str, path: str, query: Any = None, **kw: Any) -> Any:
+        asked.append(dict(query))
+        return pages[query.get("continue", "")]
+
+    client = KubeClient.__new__(KubeClient)
+    client.request = request  # type: ignore[method-assign]
+    items, rv = client.list_items("/api/v1/nodes", {"fieldSelector": "x"}, page_size=2)
+    assert [i["n"] for i in items] == [1, 2, 3] and rv == "9"
+    assert asked == [
+        {"fieldSelector": "x", "limit": "2"},
+        {"fieldSelector": "x", "limit": "2", "continue": "t1"},
+    ]
