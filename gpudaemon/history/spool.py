@@ -9,9 +9,7 @@ writer reads the oldest rows, sends them, then deletes them (`ack`).
 Only the spool's own regular files are ever opened: every name is checked with
 lstat and O_NOFOLLOW (type, owner, one link) before SQLite opens it, so a symlink, a
 FIFO or a device in their place is a clear error, not a write to someone else's
-file. Anything else in the directory is reported and left alone, except segment
-files (`seg-<n>.lp`) of the earlier format, which are imported once (their bad lines
-skipped and counted) and then removed.
+file. Anything else in the directory is reported and left alone.
 
 When the spool would outgrow its byte bound (the line-protocol bytes it holds), whole
 batches are dropped oldest first, in the same transaction as the append, and the
@@ -38,7 +36,6 @@ DB_NAME = "spool.db"
 LOCK_NAME = ".lock"
 # SQLite's companions of DB_NAME; checked like it before SQLite may open them.
 _COMPANIONS = ("-wal", "-shm", "-journal")
-_LEGACY_SEGMENT = re.compile(r"^seg-(\d+)\.lp$")
 _PROBE = ".probe"
 _APPLICATION_ID = 0x67707564  # "gpud": marks the file as a gpudaemon spool
 _SCHEMA_VERSION = 1
@@ -47,8 +44,6 @@ _SCHEMA_VERSION = 1
 _MAX_ID = (1 << 63) - 1 - (1 << 32)
 # One line of our line protocol is ~500 bytes; anything this long is not ours.
 MAX_LINE_BYTES = 64 << 10
-# Old segments were at most 1 MiB (plus one batch); more than this is not one.
-LEGACY_SEGMENT_MAX_BYTES = 16 << 20
 
 # Line protocol as InfluxDB parses it, strict enough to keep out what cannot be a
 # point: NUL padding, a torn line, text that is not a point at all.
@@ -184,12 +179,8 @@ class Spool:
         self.payload_bytes = 0  # line-protocol bytes held, newline included
         self.wal_bytes = 0
         self._page_size = 4096
-        # Files in the directory the spool does not own, and bad lines found while
-        # importing old segments: for the writer to report and count.
+        # Files in the directory the spool does not own: for the writer to report.
         self.foreign: list[str] = []
-        self.imported_points = 0
-        self.imported_invalid = 0
-        self.imported_overflow = 0
         self._next_id = 1
         self._next_batch = 1
         # Rows sent and accepted whose deletion could not be committed yet (disk full):
@@ -210,7 +201,6 @@ class Spool:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self.probe()  # a read-only directory fails here, not at the first outage
             self._open_db()
-            self._import_legacy()
             self._scan_foreign()
         except BlockingIOError:
             self.close()
@@ -279,7 +269,6 @@ class Spool:
                 "CREATE TABLE IF NOT EXISTS points "
                 "(id INTEGER PRIMARY KEY, batch INTEGER NOT NULL, line BLOB NOT NULL)"
             )
-            db.execute("CREATE TABLE IF NOT EXISTS imported (name TEXT PRIMARY KEY)")
             db.execute(f"PRAGMA application_id={_APPLICATION_ID}")
             db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
         self._count()
@@ -312,45 +301,6 @@ class Spool:
             return max(1.0, self.size_bytes / self.payload_bytes)
         return 1.25
 
-    def _import_legacy(self) -> None:
-        """Segments of the earlier file format: their valid lines become one batch
-        each, oldest first; a segment counts as imported in the same transaction that
-        stores its points, so a crash in between cannot import it twice."""
-        segments: list[tuple[int, str]] = []
-        for name in os.listdir(self.dir):
-            m = _LEGACY_SEGMENT.match(name)
-            if m:
-                segments.append((int(m.group(1)), name))
-        db = self._conn()
-        for _, name in sorted(segments):
-            path = self.dir / name
-            if db.execute("SELECT 1 FROM imported WHERE name=?", (name,)).fetchone():
-                path.unlink(missing_ok=True)
-                continue
-            try:
-                fd = _open_own(path, os.O_RDONLY)
-            except SpoolError as e:
-                self.foreign.append(f"{name} ({e.reason.removeprefix(name + ' ')})")
-                continue
-            try:
-                data = _read_at_most(fd, LEGACY_SEGMENT_MAX_BYTES)
-            finally:
-                os.close(fd)
-            lines = [line for line in data.split(b"\n") if line]
-            good = [line for line in lines if valid_line(line)]
-            self.imported_invalid += len(lines) - len(good)
-            ratio = self._bytes_per_payload_byte()
-            while good and sum(len(line) + 1 for line in good) * ratio > self.limit_bytes:
-                good.pop(0)  # over the bound on its own: the oldest go, as on overflow
-                self.imported_overflow += 1
-            if good:
-                self.imported_overflow += self._append(good, record_import=name)
-            else:
-                with self._transaction():
-                    db.execute("INSERT OR IGNORE INTO imported(name) VALUES (?)", (name,))
-            self.imported_points += len(good)
-            path.unlink(missing_ok=True)
-
     def _scan_foreign(self) -> None:
         ours = {DB_NAME, LOCK_NAME, _PROBE, *(DB_NAME + s for s in _COMPANIONS)}
         reported = {f.split(" ", 1)[0] for f in self.foreign}
@@ -366,7 +316,7 @@ class Spool:
         alone is larger than the bound it is not stored and its points are returned."""
         return self._append([line.encode() for line in lines])
 
-    def _append(self, lines: list[bytes], record_import: str | None = None) -> int:
+    def _append(self, lines: list[bytes]) -> int:
         if not lines:
             return 0
         self._retry_ack()
@@ -392,8 +342,6 @@ class Spool:
                     "INSERT INTO points(id, batch, line) VALUES (?, ?, ?)",
                     [(first + i, self._next_batch, line) for i, line in enumerate(lines)],
                 )
-                if record_import:
-                    db.execute("INSERT OR IGNORE INTO imported(name) VALUES (?)", (record_import,))
         except sqlite3.Error as e:
             raise _error(self.path, e, f"cannot spool {len(lines)} points") from None
         self._next_id += len(lines)
@@ -588,15 +536,3 @@ class Spool:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
-
-
-def _read_at_most(fd: int, limit: int) -> bytes:
-    parts: list[bytes] = []
-    total = 0
-    while total < limit:
-        part = os.read(fd, min(1 << 20, limit - total))
-        if not part:
-            break
-        parts.append(part)
-        total += len(part)
-    return b"".join(parts)

@@ -199,20 +199,6 @@ class InfluxWriter:
                 len(sp.foreign),
                 ", ".join(sp.foreign[:10]) + (", ..." if len(sp.foreign) > 10 else ""),
             )
-        if sp.imported_invalid:
-            self._drop(
-                "invalid",
-                sp.imported_invalid,
-                f"InfluxDB spool: skipped {sp.imported_invalid} lines of old segment files "
-                "that are not line protocol (torn or garbage)",
-            )
-        if sp.imported_overflow:
-            self._drop(
-                "overflow",
-                sp.imported_overflow,
-                f"InfluxDB spool over its bound of {sp.max_bytes} bytes: dropped the "
-                f"{sp.imported_overflow} oldest points of old segment files",
-            )
         if sp.points:
             logger.info(
                 "InfluxDB spool {} holds {} points from an earlier run; replaying them first",

@@ -189,45 +189,6 @@ def test_lines_influxdb_refuses_cost_only_themselves_and_are_counted_once(
     assert_every_point_counted_once(rig, influxd, influx_db)
 
 
-def test_old_segment_files_are_imported_bad_lines_counted_21_digit_names_included(
-    influxd: InfluxServer, influx_db: str, tmp_path: Path, logs: io.StringIO
-) -> None:
-    spool = tmp_path / "spool"
-    spool.mkdir()
-
-    def batch(t: float) -> str:
-        return "".join(
-            encode_line(
-                "gpu",
-                {"node": "node-it", "gpu": str(g), "uuid": f"GPU-{g}", "model": "m"},
-                {"power_watts": 100.0 + g},
-                ms(t),
-            )
-            + "\n"
-            for g in range(8)
-        )
-
-    olds = [T0 - 300, T0 - 200, T0 - 100]
-    (spool / f"seg-{7:020d}.lp").write_text(batch(olds[0]) + "garbage after a crash\n")
-    # a short write padded with NUL bytes, then a torn last line (SIGKILL)
-    (spool / f"seg-{8:020d}.lp").write_bytes(
-        batch(olds[1]).encode() + b"\x00" * 300 + b"\ngpu,gpu=1 power_wa"
-    )
-    (spool / f"seg-{10**20:021d}.lp").write_text(batch(olds[2]))  # 21 digits: newest
-
-    rig = Rig(tmp_path, influxd.url, influx_db, Clock())
-    assert rig.metric("gpudaemon_influxdb_points_spooled") == 24
-    assert dropped(rig, "invalid") == 3
-    rig.cycle()
-    rig.close()
-
-    assert sorted(p.name for p in spool.iterdir() if p.name.startswith("seg-")) == []
-    got = stored(influxd, influx_db)
-    assert got == Counter({ms(t): 8 for t in [*olds, *rig.times]})
-    assert rig.recording.accepted == sorted(rig.recording.accepted)  # oldest first
-    assert rig.metric("gpudaemon_influxdb_points_written_total") == 24 + 8
-
-
 # -- item 4: a spool that cannot be written ------------------------------------------
 
 

@@ -226,22 +226,7 @@ def test_valid_line(text: str, ok: bool) -> None:
     assert valid_line(text.encode()) is ok
 
 
-def test_old_segment_files_are_imported_in_number_order_including_21_digit_names(
-    tmp_path: Path,
-) -> None:
-    (tmp_path / f"seg-{1:020d}.lp").write_text(f"{line(1)}\n{line(2)}\n")
-    (tmp_path / f"seg-{2:020d}.lp").write_text(
-        f"{line(3)}\ngarbage\n{line(4)}\n{line(5)[:10]}\x00\x00"  # torn, NUL-padded
-    )
-    (tmp_path / f"seg-{10**20:021d}.lp").write_text(f"{line(6)}\n")  # 21 digits
-    spool = Spool(tmp_path, max_bytes=1 << 20)
-    assert spool.imported_points == 5 and spool.imported_invalid == 2
-    assert spool.foreign == []
-    assert drain(spool) == [line(i) for i in (1, 2, 3, 4, 6)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", DB_NAME, f"{DB_NAME}-wal"]
-
-
-def test_old_segment_that_is_a_symlink_is_not_followed(tmp_path: Path) -> None:
+def test_a_symlink_in_the_spool_dir_is_left_alone(tmp_path: Path) -> None:
     target = tmp_path / "system-file"
     target.write_text(f"{line(99)}\n")
     spool_dir = tmp_path / "spool"
@@ -250,7 +235,7 @@ def test_old_segment_that_is_a_symlink_is_not_followed(tmp_path: Path) -> None:
     seg.symlink_to(target)
     spool = Spool(spool_dir, max_bytes=1 << 20)
     assert spool.points == 0  # the target's contents are not queued for InfluxDB
-    assert spool.foreign == [f"{seg.name} (is a symbolic link)"]
+    assert spool.foreign == [seg.name]
     spool.append([line(1)])
     spool.close()
     assert target.read_text() == f"{line(99)}\n"
