@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -81,16 +82,18 @@ class AnnotationStore:
     def __init__(self, key: str) -> None:
         self.key = key
         self.where = f"Node annotation {key}"
-        self.seeded: object = None
+        self.seeded = ""
         self.value: str = ""  # what the annotation should hold; "" removes it
 
     def seed(self, node: Mapping[str, Any]) -> None:
         raw = ((node.get("metadata") or {}).get("annotations") or {}).get(self.key)
-        self.seeded = json.loads(raw) if isinstance(raw, str) and raw else None
-        self.value = raw if isinstance(raw, str) else ""
+        self.seeded = raw if isinstance(raw, str) and raw else ""
+        self.value = self.seeded
 
     def load(self) -> object:
-        return self.seeded
+        # Parsed here, inside HealthMemory.load's error handling: a hand-edited
+        # annotation is one error line, not a crash at start-up.
+        return json.loads(self.seeded) if self.seeded else None
 
     def save(self, doc: dict[str, Any]) -> None:
         self.value = json.dumps(doc, separators=(",", ":"), sort_keys=True) if doc["gpus"] else ""
@@ -112,10 +115,16 @@ class HealthMemory:
         self.clock = clock
         self.faults: dict[str, Fault] = {}
         self._log = LogLimiter()
+        # The telemetry job applies; a late read-back (the labels job) loads.
+        self._lock = threading.RLock()
         self.load()
 
     def load(self) -> None:
         """Merge the store's record into memory (start-up, or once the Node is read)."""
+        with self._lock:
+            self._load()
+
+    def _load(self) -> None:
         try:
             doc = self.store.load()
             if doc is None:
@@ -134,7 +143,7 @@ class HealthMemory:
                         uuid,
                         fault.reason,
                     )
-        except (UsageError, ValueError, KeyError, TypeError, AttributeError) as e:
+        except (UsageError, ValueError, KeyError, TypeError, AttributeError) as e:  # JSON too
             logger.error(
                 "{}: cannot read the GPU fault record ({}); starting without it",
                 self.store.where,
@@ -154,6 +163,10 @@ class HealthMemory:
             self._save()
 
     def apply(self, samples: Sequence[GpuSample]) -> tuple[GpuSample, ...]:
+        with self._lock:
+            return self._apply(samples)
+
+    def _apply(self, samples: Sequence[GpuSample]) -> tuple[GpuSample, ...]:
         out: list[GpuSample] = []
         new = False
         for s in samples:
@@ -170,7 +183,8 @@ class HealthMemory:
 
     def persist(self) -> None:
         """Write the record as it is now (after merging a late read-back)."""
-        self._save()
+        with self._lock:
+            self._save()
 
     def _save(self) -> None:
         doc = {

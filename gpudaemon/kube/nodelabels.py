@@ -380,10 +380,12 @@ class NodeLabelSink:
             self._lease_owed = True
             self._lease_retry_at = self.clock() + self._lease_backoff.next_delay()
             self._lease_failed(e)
+        owner_changed = self._lease_uid != uid  # first renewal, or a re-created Node
         self._lease_uid = uid
         self._lease_owed = False
         now = self.clock()
-        if now - self._lease_ok_at > self.lease.duration_s and self._desired is not None:
+        lapsed = now - self._lease_ok_at > self.lease.duration_s
+        if (lapsed or owner_changed) and self._desired is not None:
             self._announce_fresh(now)
         self._lease_ok_at = now
         self._lease_backoff.reset()

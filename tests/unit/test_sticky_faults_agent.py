@@ -87,3 +87,15 @@ def test_a_failed_read_back_is_seeded_by_the_first_reconcile(tmp_path: Any) -> N
     assert fake.labels[P + "gpu.unhealthy"] == "1"
     assert P + "gpu-faults" in fake.annotations
     again.close()
+
+
+def test_a_hand_edited_record_is_one_error_line_not_a_crash(
+    tmp_path: Any, lines: list[tuple[str, str]]
+) -> None:
+    fake = FakeClient()
+    fake.annotations[P + "gpu-faults"] = "{not json"
+    agent = agent_on(fake, profile(tmp_path, fault=False, boot="b1"))
+    assert agent.run_once()
+    assert any("cannot read the GPU fault record" in m for lvl, m in lines if lvl == "ERROR")
+    assert fake.labels[P + "gpu.unhealthy"] == "0"
+    agent.close()

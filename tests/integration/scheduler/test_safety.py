@@ -184,6 +184,7 @@ def test_a_flood_of_invented_pods_books_nothing(
     without = place(rig, quiet, nodes[quiet], 8)  # also warms the extender up
     time.sleep(2)
     idle_kib = ext.rss_kib()
+    assumed_before = ext.metric("gpudaemon_extender_assumed_pods_total")
 
     flood = subprocess.Popen(
         [sys.executable, "-c", FLOOD, str(ext.ports["port"]), "200", "30",
@@ -215,6 +216,9 @@ def test_a_flood_of_invented_pods_books_nothing(
     assert set(result["codes"]) == {"200"}, result  # answered (filtered), never crashed
     # Packed exactly as without the flood, with no overcommit.
     assert sorted(with_flood.values()) == sorted(without.values()) == [0, 0, 8, 8]
+    # Each real pod was verified and booked (at least once); no flood pod ever was.
+    assumed = ext.metric("gpudaemon_extender_assumed_pods_total") - assumed_before
+    assert 8 <= assumed <= 16, assumed
     unverified = ext.metric("gpudaemon_extender_unverified_pods_total")
     assert unverified >= 0.95 * sent
     assert ext.metric("gpudaemon_extender_unverified_pods_total", reason="rate_limited") > 0
