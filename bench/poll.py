@@ -5,7 +5,7 @@ label reconcile) and subtracts the time spent inside the
 backend's calls, which on real hardware is time inside NVML. With a real GPU it also
 times a full NVML sample and `nvidia-smi --query-gpu=... --format=csv` side by side.
 
-Usage: .venv/bin/python bench/poll.py [--cycles N]
+Usage: scripts/bench poll [--cycles N]
 """
 
 from __future__ import annotations
@@ -15,12 +15,8 @@ import platform
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from prometheus_client import CollectorRegistry
 

@@ -3,29 +3,19 @@ Prometheus, InfluxDB) live in the conftest.py of their folder."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.support import REPO
+from tests.support import ToolsError
+from tests.support import tools_bin as find_tools
 
 
-@pytest.fixture(scope="session")
-def tools_bin() -> Path:
-    """The directory holding the real test servers built by scripts/test-tools.
-
-    Uses $GPUDAEMON_TOOLS_BIN when the test command already ran the script; otherwise
-    runs it (a no-op when everything is built). Never skips: an integration test
-    without its server is a failure, not a pass.
-    """
-    env = os.environ.get("GPUDAEMON_TOOLS_BIN")
-    if env:
-        return Path(env)
-    proc = subprocess.run([str(REPO / "scripts" / "test-tools")], capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.fail(f"scripts/test-tools failed:\n{proc.stderr[-2000:]}")
-    path = Path(proc.stdout.strip().splitlines()[-1])
-    os.environ["GPUDAEMON_TOOLS_BIN"] = str(path)
-    return path
+@pytest.fixture(scope="session", name="tools_bin")
+def tools_bin_fixture() -> Path:
+    """The real test servers (tests/support.py:tools_bin, which bench/ uses too). Never
+    skips: an integration test without its server is a failure, not a pass."""
+    try:
+        return find_tools()
+    except ToolsError as e:
+        pytest.fail(str(e))

@@ -16,6 +16,29 @@ T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
 
 
+class ToolsError(RuntimeError):
+    """scripts/test-tools could not provide the real servers."""
+
+
+def tools_bin(*tools: str) -> Path:
+    """The directory holding the real servers built by scripts/test-tools (etcd,
+    kube-apiserver, kube-scheduler, influxd, helm, prometheus): $GPUDAEMON_TOOLS_BIN when
+    the test or bench command already ran the script, else the script's answer (a no-op
+    when everything is built; `tools` limits what it builds). The one lookup for tests/
+    and bench/."""
+    env = os.environ.get("GPUDAEMON_TOOLS_BIN")
+    if env:
+        return Path(env)
+    proc = subprocess.run(
+        [str(REPO / "scripts" / "test-tools"), *tools], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise ToolsError(f"scripts/test-tools failed:\n{proc.stderr[-2000:]}")
+    path = Path(proc.stdout.strip().splitlines()[-1])
+    os.environ["GPUDAEMON_TOOLS_BIN"] = str(path)
+    return path
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

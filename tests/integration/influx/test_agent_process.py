@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.influx.conftest import InfluxServer
+from tests.integration.influx.server import InfluxServer
 from tests.support import free_port, http_get, start_agent, stop, wait_for
 
 pytestmark = pytest.mark.integration

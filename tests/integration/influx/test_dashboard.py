@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.influx.conftest import InfluxServer
 from tests.integration.influx.rig import T0, Clock, Rig
+from tests.integration.influx.server import InfluxServer
 from tests.support import REPO
 
 pytestmark = pytest.mark.integration

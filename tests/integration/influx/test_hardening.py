@@ -25,8 +25,8 @@ from gpudaemon.errors import ConfigError
 from gpudaemon.history.lines import encode_line, lines_for
 from gpudaemon.history.spool import Spool
 from gpudaemon.model import Snapshot
-from tests.integration.influx.conftest import InfluxServer
 from tests.integration.influx.rig import T0, Clock, Rig
+from tests.integration.influx.server import InfluxServer
 from tests.integration.influx.tmpfs import fill, resize, small_tmpfs
 
 pytestmark = pytest.mark.integration

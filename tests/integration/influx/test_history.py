@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.influx.conftest import InfluxServer
 from tests.integration.influx.rig import ALWAYS, Clock, Rig
+from tests.integration.influx.server import InfluxServer
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """bench/influx: what InfluxDB history costs, against a real influxd 1.8.10.
 
 One in-process agent on simulated dgx-h100 GPUs (injected clock, 10 s cycles) and the
@@ -9,13 +8,12 @@ real InfluxWriter:
      outage, in points per second; then checks InfluxDB holds every point once.
 Prints a table.
 
-  bench/influx [--cycles 200] [--outage-cycles 8640]   (8640 cycles = one day at 10 s)
+  scripts/bench influx [--cycles 200] [--outage-cycles 8640]   (8640 cycles = one day at 10 s)
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import statistics
 import subprocess
@@ -24,16 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from loguru import logger
+
+from tests.integration.influx.rig import Clock, Rig
+from tests.integration.influx.server import InfluxServer
+
 REPO = Path(__file__).resolve().parent.parent
-VENV_PY = REPO / ".venv" / "bin" / "python"
-if Path(sys.prefix).resolve() != (REPO / ".venv").resolve() and VENV_PY.exists():
-    os.execv(str(VENV_PY), [str(VENV_PY), *sys.argv])  # run inside the project's venv
-sys.path.insert(0, str(REPO))
-
-from loguru import logger  # noqa: E402
-
-from tests.integration.influx.conftest import InfluxServer  # noqa: E402
-from tests.integration.influx.rig import Clock, Rig  # noqa: E402
 
 
 def ms(xs: list[float]) -> str:

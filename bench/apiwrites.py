@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """bench/apiwrites: API-server load of a fleet of agents, against a real kube-apiserver.
 
 Runs N simulated agents (Agent + NodeLabelSink with the agent's restricted identity, one
@@ -10,7 +9,7 @@ node_writes counters, and the table gives both kinds and their sum per node-hour
 (target: at most 60, Node and Lease together). Optionally a few agents lose a GPU halfway, to show a
 real change still reaches the Node. Prints a table.
 
-  bench/apiwrites [--nodes 200] [--minutes 10] [--warmup 0] [--lost 2] [--workers 8]
+  scripts/bench apiwrites [--nodes 200] [--minutes 10] [--warmup 0] [--lost 2] [--workers 8]
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import json
 import os
 import platform
 import ssl
-import subprocess
 import sys
 import threading
 import time
@@ -29,20 +27,17 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from loguru import logger
+
+from gpudaemon.app import Agent
+from gpudaemon.backends.simulated import FaultSpec, SimulatedBackend, load_profile
+from gpudaemon.config import load_config
+from gpudaemon.kube.lease import lease_path, renew_period_s
+from gpudaemon.kube.nodelabels import NodeLabelSink
+from tests.integration.kube.controlplane import RBAC, ControlPlane
+from tests.support import tools_bin
+
 REPO = Path(__file__).resolve().parent.parent
-VENV_PY = REPO / ".venv" / "bin" / "python"
-if Path(sys.prefix).resolve() != (REPO / ".venv").resolve() and VENV_PY.exists():
-    os.execv(str(VENV_PY), [str(VENV_PY), *sys.argv])  # run inside the project's venv
-sys.path.insert(0, str(REPO))
-
-from loguru import logger  # noqa: E402
-
-from gpudaemon.app import Agent  # noqa: E402
-from gpudaemon.backends.simulated import FaultSpec, SimulatedBackend, load_profile  # noqa: E402
-from gpudaemon.config import load_config  # noqa: E402
-from gpudaemon.kube.lease import lease_path, renew_period_s  # noqa: E402
-from gpudaemon.kube.nodelabels import NodeLabelSink  # noqa: E402
-from tests.integration.kube.controlplane import RBAC, ControlPlane  # noqa: E402
 
 
 class SimClock:
@@ -51,19 +46,6 @@ class SimClock:
 
     def __call__(self) -> float:
         return self.t
-
-
-def tools_bin() -> Path:
-    env = os.environ.get("GPUDAEMON_TOOLS_BIN")
-    if env:
-        return Path(env)
-    out = subprocess.run(
-        [str(REPO / "scripts" / "test-tools"), "k8s", "etcd"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return Path(out.strip().splitlines()[-1])
 
 
 def watch_writes(
@@ -93,7 +75,7 @@ def main() -> int:
     logger.remove()
     logger.add(sys.stderr, level="ERROR")
 
-    cp = ControlPlane(tools_bin())
+    cp = ControlPlane(tools_bin("k8s", "etcd"))
     wall0 = time.monotonic()
     try:
         cp.start()

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """bench/scrape: what one Prometheus scrape costs, and what the agent costs at idle.
 
 1. Render time of one /metrics body through the agent's own WSGI app (everything a
@@ -9,35 +8,31 @@
    scraped every 15 s, for --seconds (default 60): CPU share and RSS from /proc.
 
 Prints a table with the brief's targets beside each figure. Usage:
-    bench/scrape [--seconds 60] [--iterations 2000]
+    scripts/bench scrape [--seconds 60] [--iterations 2000]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import platform
+import statistics
 import sys
+import tempfile
+import time
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
+from bench.table import print_table
+from gpudaemon.backends.simulated import SimulatedBackend, load_profile
+from gpudaemon.cache import Cache
+from gpudaemon.metrics.collector import GpuCollector
+from gpudaemon.metrics.http import make_app
+from gpudaemon.metrics.selfmetrics import AgentMetrics
+from tests.support import free_port, http_get, start_agent, stop, wait_for
+
 REPO = Path(__file__).resolve().parent.parent
-VENV_PY = REPO / ".venv" / "bin" / "python"
-if Path(sys.prefix).resolve() != (REPO / ".venv").resolve() and VENV_PY.exists():
-    os.execv(str(VENV_PY), [str(VENV_PY), *sys.argv])  # run inside the project's venv
-sys.path.insert(0, str(REPO))
-
-import argparse  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-
-from prometheus_client import CollectorRegistry  # noqa: E402
-
-from gpudaemon.backends.simulated import SimulatedBackend, load_profile  # noqa: E402
-from gpudaemon.cache import Cache  # noqa: E402
-from gpudaemon.metrics.collector import GpuCollector  # noqa: E402
-from gpudaemon.metrics.http import make_app  # noqa: E402
-from gpudaemon.metrics.selfmetrics import AgentMetrics  # noqa: E402
-from tests.support import free_port, http_get, start_agent, stop, wait_for  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -189,13 +184,7 @@ def main() -> int:
     )
     rows.append(("idle RSS, start -> end", f"{rss0:.1f} -> {rss1:.1f} MiB", "no growth", ""))
 
-    w = [max(len(r[i]) for r in rows) for i in range(4)]
-    head = ("measure", "result", "target", "")
-    w = [max(w[i], len(head[i])) for i in range(4)]
-    print("  ".join(h.ljust(w[i]) for i, h in enumerate(head)))
-    print("  ".join("-" * n for n in w))
-    for r in rows:
-        print("  ".join(c.ljust(w[i]) for i, c in enumerate(r)))
+    print_table(("measure", "result", "target", ""), rows)
     return 0
 
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """bench/http: which HTTP server the agent (:9445) and the extender (:9446) share.
 
 Each candidate serves the agent's own /metrics app (as `gpudaemon run --simulate dgx-h100`
@@ -23,44 +22,39 @@ no time-out, no body limit), `stdlib` (the same tuned: backlog 1024, a bounded p
 socket time-out, a 413 middleware), `waitress` (gpudaemon.httpserver.HttpServer itself),
 `cheroot` (numthreads = max = --threads, backlog 1024, keep-alive limit 1000). Prints one
 table. Usage:
-    bench/http [--servers stdlib-today,stdlib,waitress,cheroot] [--clients 200]
+    scripts/bench http [--servers stdlib-today,stdlib,waitress,cheroot] [--clients 200]
                [--requests 2000] [--idle 300] [--idle-timeout 3] [--body-mb 1]
                [--rounds 3] [--threads 8] [--client hey|python]
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import importlib.util
+import json
 import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
 import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 REPO = Path(__file__).resolve().parent.parent
-VENV_PY = REPO / ".venv" / "bin" / "python"
-if Path(sys.prefix).resolve() != (REPO / ".venv").resolve() and VENV_PY.exists():
-    os.execv(str(VENV_PY), [str(VENV_PY), *sys.argv])  # run inside the project's venv
-sys.path.insert(0, str(REPO))
-
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import importlib.util  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import signal  # noqa: E402
-import socket  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable, Iterable  # noqa: E402
-from concurrent.futures import ThreadPoolExecutor  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from importlib.metadata import version  # noqa: E402
-from socketserver import ThreadingMixIn  # noqa: E402
-from typing import Any  # noqa: E402
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server  # noqa: E402
 
 THREADS = 8
 LOAD: Any = None  # the load generator: load (asyncio) or hey_load

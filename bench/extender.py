@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """bench/extender: the scheduler extender's latency, memory and effect on throughput.
 
 1. codec: decode ExtenderArgs and encode the answer for 5,000 nodes, stdlib json vs
@@ -15,7 +14,7 @@
    `--rounds` pairs, the order alternating. Then 4,500 more nodes: the extender
    process's RSS at 5,000.
 
-  bench/extender [--quick] [--requests 300] [--pods 1000] [--rounds 3]
+  scripts/bench extender [--quick] [--requests 300] [--pods 1000] [--rounds 3]
                  [--candidates N] [--no-cluster | --cluster-only]
 """
 
@@ -36,28 +35,25 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import orjson
+import yaml
+from loguru import logger
+from prometheus_client import CollectorRegistry
+
+from bench.table import print_table
+from gpudaemon.backends.simulated import SimulatedBackend, load_profile
+from gpudaemon.cache import Cache
+from gpudaemon.config import load_config
+from gpudaemon.extender.api import ExtenderApi
+from gpudaemon.extender.app import make_policies
+from gpudaemon.extender.cluster import ClusterState
+from gpudaemon.extender.policies.fragmentation import Fragmentation
+from gpudaemon.extender.state import PodShape
+from gpudaemon.httpserver import HttpServer
+from gpudaemon.kube.lease import micro_time
+from gpudaemon.labels import NodeLabeler
+
 REPO = Path(__file__).resolve().parent.parent
-VENV_PY = REPO / ".venv" / "bin" / "python"
-if Path(sys.prefix).resolve() != (REPO / ".venv").resolve() and VENV_PY.exists():
-    os.execv(str(VENV_PY), [str(VENV_PY), *sys.argv])  # run inside the project's venv
-sys.path.insert(0, str(REPO))
-
-import orjson  # noqa: E402
-import yaml  # noqa: E402
-from loguru import logger  # noqa: E402
-from prometheus_client import CollectorRegistry  # noqa: E402
-
-from gpudaemon.backends.simulated import SimulatedBackend, load_profile  # noqa: E402
-from gpudaemon.cache import Cache  # noqa: E402
-from gpudaemon.config import load_config  # noqa: E402
-from gpudaemon.extender.api import ExtenderApi  # noqa: E402
-from gpudaemon.extender.app import make_policies  # noqa: E402
-from gpudaemon.extender.cluster import ClusterState  # noqa: E402
-from gpudaemon.extender.policies.fragmentation import Fragmentation  # noqa: E402
-from gpudaemon.extender.state import PodShape  # noqa: E402
-from gpudaemon.httpserver import HttpServer  # noqa: E402
-from gpudaemon.kube.lease import micro_time  # noqa: E402
-from gpudaemon.labels import NodeLabeler  # noqa: E402
 
 P = "gpudaemon.io/"
 SCHED_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
@@ -148,12 +144,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def table(title: str, header: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    print(f"\n{title}")
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))
+    print_table(header, rows, title)
 
 
 # -- 1. codec ---------------------------------------------------------------------------
@@ -275,19 +266,6 @@ def bench_latency(sizes: list[int], requests: int) -> None:
 # -- 3. cluster -------------------------------------------------------------------------
 
 
-def tools_bin() -> Path:
-    env = os.environ.get("GPUDAEMON_TOOLS_BIN")
-    if env:
-        return Path(env)
-    out = subprocess.run(
-        [str(REPO / "scripts" / "test-tools"), "k8s", "etcd"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return Path(out.strip().splitlines()[-1])
-
-
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process (and its reaped children) so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -296,9 +274,9 @@ def cpu_s(pid: int) -> float:
 
 def bench_cluster(pods: int, extra_nodes: int, rounds: int, ext_config: dict[str, Any]) -> None:
     from tests.integration.kube.controlplane import ControlPlane
-    from tests.support import free_port, wait_for
+    from tests.support import free_port, tools_bin, wait_for
 
-    cp = ControlPlane(tools_bin())
+    cp = ControlPlane(tools_bin("k8s", "etcd"))
     procs: list[subprocess.Popen[bytes]] = []
     rows: list[list[str]] = []
     try:

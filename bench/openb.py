@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """bench/openb: GPU packing quality on the openb trace, through the real kube-scheduler.
 
 FGD's protocol (Weng et al., ATC'23) in the whole-GPU view. Cluster: the 1,213 nodes of
@@ -35,10 +34,10 @@ Configurations (all percentageOfNodesToScore: 100, one kube-scheduler process ea
                  NodeResourcesFit MostAllocated scoring the pods the extender never sees
   fragmentation-all  (on request) no managedResources: the extender scores every pod
 
-  bench/openb [--fast] [--lists default,multigpu50] [--seeds 1,2,3]
+  scripts/bench openb [--fast] [--lists default,multigpu50] [--seeds 1,2,3]
               [--configs default,mostallocated,binpack,fragmentation] [--window 32]
               [--json FILE] [--keep]
-  bench/openb --table FILE.json ...   (the table of saved runs, merged)
+  scripts/bench openb --table FILE.json ...   (the table of saved runs, merged)
 """
 
 from __future__ import annotations
@@ -67,20 +66,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from bench.table import table
+from gpudaemon.backends.simulated import Profile, SimulatedBackend
+from gpudaemon.cache import Cache
+from gpudaemon.config import load_config
+from gpudaemon.labels import NodeLabeler
+from tests.integration.kube.controlplane import ControlPlane
+from tests.support import free_port, tools_bin, wait_for
+
 REPO = Path(__file__).resolve().parent.parent
-VENV_PY = REPO / ".venv" / "bin" / "python"
-if Path(sys.prefix).resolve() != (REPO / ".venv").resolve() and VENV_PY.exists():
-    os.execv(str(VENV_PY), [str(VENV_PY), *sys.argv])  # run inside the project's venv
-sys.path.insert(0, str(REPO))
-
-import yaml  # noqa: E402
-
-from gpudaemon.backends.simulated import Profile, SimulatedBackend  # noqa: E402
-from gpudaemon.cache import Cache  # noqa: E402
-from gpudaemon.config import load_config  # noqa: E402
-from gpudaemon.labels import NodeLabeler  # noqa: E402
-from tests.integration.kube.controlplane import ControlPlane  # noqa: E402
-from tests.support import free_port, wait_for  # noqa: E402
 
 TRACES = REPO.parent / "shared" / "traces" / "openb"
 NODE_LIST = "openb_node_list_gpu_node.csv"
@@ -714,24 +710,7 @@ def summarize(results: list[RunResult]) -> str:
                 cell([r.pods_per_s for r in rs], ".0f"),
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
-             for row in rows]  # fmt: skip
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
-
-
-def tools_bin() -> Path:
-    env = os.environ.get("GPUDAEMON_TOOLS_BIN")
-    if env:
-        return Path(env)
-    out = subprocess.run(
-        [str(REPO / "scripts" / "test-tools"), "k8s", "etcd"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return Path(out.strip().splitlines()[-1])
+    return table(rows[0], rows[1:])
 
 
 def main() -> int:
@@ -780,7 +759,7 @@ def main() -> int:
     total = sum(n.gpus for n in nodes)
     products = product_values(prefix)
     workdir = Path(tempfile.mkdtemp(prefix="bench-openb-"))
-    cp = ControlPlane(tools_bin(), workdir)
+    cp = ControlPlane(tools_bin("k8s", "etcd"), workdir)
     procs = Processes(cp, workdir)
     results: list[RunResult] = []
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

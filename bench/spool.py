@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """bench/spool: the InfluxDB spool's store, by measurement: the earlier segment files
 (`seg-<n>.lp`, loaded from git at OLD_COMMIT) against the SQLite spool
 (gpudaemon/history/spool.py), in one run, on the same disk and the same points.
@@ -14,13 +13,12 @@ For each store:
      p50/p99, and the disk use there against the bound.
 Prints a table.
 
-  bench/spool [--appends 2000] [--outage 8640] [--bound 16777216] [--dir DIR]
+  scripts/bench spool [--appends 2000] [--outage 8640] [--bound 16777216] [--dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import sqlite3
 import statistics
@@ -33,16 +31,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-VENV_PY = REPO / ".venv" / "bin" / "python"
-if Path(sys.prefix).resolve() != (REPO / ".venv").resolve() and VENV_PY.exists():
-    os.execv(str(VENV_PY), [str(VENV_PY), *sys.argv])  # run inside the project's venv
-sys.path.insert(0, str(REPO))
+from gpudaemon.backends.simulated import SimulatedBackend, load_profile
+from gpudaemon.cache import Cache
+from gpudaemon.history.lines import lines_for
+from gpudaemon.history.spool import Spool
 
-from gpudaemon.backends.simulated import SimulatedBackend, load_profile  # noqa: E402
-from gpudaemon.cache import Cache  # noqa: E402
-from gpudaemon.history.lines import lines_for  # noqa: E402
-from gpudaemon.history.spool import Spool  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 OLD_COMMIT = "bd0db4f"  # the last commit with the segment spool
 CHUNK = 1 << 20
