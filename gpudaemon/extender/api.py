@@ -1,17 +1,17 @@
-"""The extender's HTTP API: kube-scheduler's extender wire format over WSGI.
+"""The extender's HTTP API: kube-scheduler's extender wire format over WSGI, and
+nothing else.
 
-Thin on purpose: decode `ExtenderArgs`, read node states from the caches, call the pure
-filter and policy functions, encode `ExtenderFilterResult` / `HostPriorityList`.
+Decode `ExtenderArgs`, hand the pod and node names to the framework (framework.py:
+filter, score, reserve), encode `ExtenderFilterResult` / `HostPriorityList`, and map
+failures to status codes (400 bad body, 503 not ready, 500 a bug).
 The upstream types carry no JSON tags (Go matches keys case-insensitively), so keys
 are read in either case and written capitalised, as Go writes them.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,11 +20,10 @@ from loguru import logger
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from gpudaemon.extender.cluster import ClusterState
+from gpudaemon.extender.framework import BadPod, Framework, NotReady
 from gpudaemon.extender.metrics import ExtenderMetrics
 from gpudaemon.extender.pods import PodVerifier
-from gpudaemon.extender.podspec import POLICY_ANNOTATION, pod_policy, pod_shape
-from gpudaemon.extender.policies.base import Policy, UnknownPolicyError
-from gpudaemon.extender.scoring import MAX_SCORE, Rejection, ScoreMemo, best_nodes, check_node, rank
+from gpudaemon.extender.policies.base import Policy
 from gpudaemon.extender.state import NodeState, PodShape
 from gpudaemon.httpserver import Readiness, StartResponse, probe_response, text_response
 from gpudaemon.logsetup import LogLimiter
@@ -34,16 +33,6 @@ JSON_HEADERS = [("Content-Type", "application/json")]
 
 class BadRequest(ValueError):
     """The body is not a valid ExtenderArgs: answered 400 with this message."""
-
-
-class UnknownPodPolicy(ValueError):
-    """The pod's annotation names no registered policy: every node fails with this."""
-
-
-class NotReady(RuntimeError):
-    """The caches have not listed yet: answered 503, so the scheduler retries soon.
-    Empty caches would judge every node "no agent data" and the scheduler would park
-    the pod as unschedulable."""
 
 
 @dataclass(frozen=True)
@@ -94,9 +83,7 @@ def parse_args(body: bytes) -> Args:
 
 
 class ExtenderApi:
-    """The WSGI app. Decisions are serialised under one lock: a pod's ranking and the
-    assumption it leaves behind are one step, so concurrent requests (two scheduler
-    replicas, or retries) never score from a count another request is about to change."""
+    """The WSGI app around one `Framework` (which owns the decisions and their lock)."""
 
     def __init__(
         self,
@@ -112,26 +99,35 @@ class ExtenderApi:
         verifier: PodVerifier | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        if default_policy not in policies:
-            raise UnknownPolicyError(default_policy)
-        self.cluster = cluster
-        self.policies = dict(policies)
-        self.default_policy = default_policy
         self.metrics = ExtenderMetrics(registry)
+        self.framework = Framework(
+            cluster,
+            policies,
+            default_policy,
+            self.metrics,
+            lambda: self.ready(),  # read at each request: the wiring may swap it
+            avoid_unhealthy=avoid_unhealthy,
+            candidates=candidates,
+            observe=observe,
+            verifier=verifier,
+        )
         self.ready = ready
-        self.avoid_unhealthy = avoid_unhealthy
-        self.candidates = candidates
-        self.observe = observe
-        # None trusts the body's pod (in-process tests and benchmarks only): the
-        # `gpudaemon extender` program always verifies (see pods.py).
-        self.verifier = verifier
         self.clock = clock
-        self._lock = threading.Lock()
-        self._scores = ScoreMemo()  # used under _lock
         self._bug_log = LogLimiter(60.0)  # a traceback per kind of failure per minute
         self._metrics_app = make_wsgi_app(registry)
-        for p in self.policies.values():  # what they learn from nodes, off the request path
-            cluster.add_node_listener(p)
+
+    # What callers (tests, the wiring) read; the framework owns them.
+    @property
+    def cluster(self) -> ClusterState:
+        return self.framework.cluster
+
+    @property
+    def policies(self) -> dict[str, Policy]:
+        return self.framework.policies
+
+    @property
+    def default_policy(self) -> str:
+        return self.framework.default_policy
 
     # -- WSGI ---------------------------------------------------------------------
 
@@ -168,7 +164,7 @@ class ExtenderApi:
             args = parse_args(environ["wsgi.input"].read(length))
             result = self.filter(args) if verb == "filter" else self.prioritize(args)
             return _reply(start_response, "200 OK", result)
-        except BadRequest as e:
+        except (BadRequest, BadPod) as e:
             code = "400"
             return _reply(start_response, "400 Bad Request", {"Error": str(e)})
         except NotReady as e:
@@ -185,151 +181,18 @@ class ExtenderApi:
             self.metrics.requests.labels(verb, code).inc()
             self.metrics.request_seconds.labels(verb).observe(self.clock() - t0)
 
-    # -- verbs --------------------------------------------------------------------
-
-    def _shape(self, pod: Mapping[str, Any]) -> PodShape:
-        try:
-            return pod_shape(pod, self.cluster.product_label)
-        except ValueError as e:
-            raise BadRequest(f"pod resources: {e}") from None
-        except (AttributeError, TypeError):
-            raise BadRequest("pod spec is malformed (containers/resources)") from None
-
-    def _policy(self, pod: Mapping[str, Any]) -> Policy:
-        """The pod's policy (annotation), else the default. An unknown name is an error
-        the scheduler shows the user, not a silent fallback."""
-        chosen = pod_policy(pod)
-        if chosen is None:
-            return self.policies[self.default_policy]
-        policy = self.policies.get(chosen)
-        if policy is None:
-            raise UnknownPodPolicy(
-                f"gpudaemon: unknown policy {chosen!r} in annotation {POLICY_ANNOTATION}"
-                f" (known: {', '.join(sorted(self.policies))})"
-            )
-        return policy
+    # -- verbs: decode, decide (framework.py), encode -------------------------------
 
     def filter(self, args: Args) -> dict[str, Any]:
-        shape = self._shape(args.pod)
-        if shape.gpus <= 0:  # not ours to judge: pass everything through, quickly
-            return self._filter_result(args, args.names, {})
-        self._require_ready()
-        try:
-            policy = self._policy(args.pod)
-        except UnknownPodPolicy as e:
-            self.metrics.filter_nodes.labels("unknown_policy").inc(len(args.names))
-            return self._filter_result(args, [], {n: str(e) for n in args.names})
-        real = self._real_pod(args.pod, shape)
-        if real is not None:
-            for p in self.policies.values():
-                p.observe_pod(real[0], real[1])
-            if self.observe is not None:
-                self.observe(real[0], real[1])
-        failed: dict[str, str] = {}
-        passed: list[str] = []
-        removed: Counter[str] = Counter()  # by reason; one metric update per reason
-        with self._lock:
-            states = self.cluster.states(args.names)
-            fresh = self.cluster.freshness(args.names)
-            for name in args.names:
-                why = check_node(
-                    states[name], shape, fresh=fresh[name], avoid_unhealthy=self.avoid_unhealthy
-                )
-                if why is None:
-                    passed.append(name)
-                else:
-                    failed[name] = _reason(why)
-                    removed[why.reason] += 1
-            if 0 < self.candidates < len(passed):
-                # Narrow to the policy's best nodes. Those outranked are not listed in
-                # FailedNodes: the scheduler reads that map only for a pod that fits
-                # nowhere, and here some node fits; listing them would cost the
-                # scheduler a map of every node to decode per pod.
-                raw = self._scores.scores(policy, shape, passed, states)
-                if raw:  # none scorable (our CPU/memory view says no node fits, the
-                    # scheduler's says some do): leave the choice to the scheduler
-                    keep = best_nodes(raw, self.candidates)
-                    if len(keep) < self.candidates:  # fill up with the unscored ones
-                        keep += [n for n in passed if n not in raw][: self.candidates - len(keep)]
-                    removed["outranked"] += len(passed) - len(keep)
-                    passed = keep
-            if (
-                real is not None
-                and len(passed) == 1
-                and (s := states[passed[0]]) is not None
-                and s.can_host(real[1])
-            ):
-                # The scheduler skips /prioritize with one feasible node, so the pod
-                # would never be assumed: assume it here, or the next pods of a burst
-                # are judged from a count that misses it.
-                self._assume(real[0], passed[0], real[1])
-        for reason, count in removed.items():
-            self.metrics.filter_nodes.labels(reason).inc(count)
-        self.metrics.filter_nodes.labels("passed").inc(len(passed))
-        return self._filter_result(args, passed, failed)
+        result = self.framework.filter(args.pod, args.names)
+        if args.nodes is None:
+            return {"NodeNames": result.passed, "FailedNodes": result.failed, "Error": ""}
+        keep = set(result.passed)
+        items = [n for n in args.nodes if (n.get("metadata") or {}).get("name") in keep]
+        return {"Nodes": {"items": items}, "FailedNodes": result.failed, "Error": ""}
 
     def prioritize(self, args: Args) -> list[dict[str, Any]]:
-        shape = self._shape(args.pod)
-        try:
-            policy = self._policy(args.pod)
-        except UnknownPodPolicy:  # /filter already failed every node with the reason
-            return [{"Host": n, "Score": 0} for n in args.names]
-        # A GPU-less pod reaches us only without managedResources; neutral unless the
-        # policy judges where it strands GPUs (fragmentation does).
-        if shape.gpus <= 0 and not policy.scores_gpuless_pods:
-            return [{"Host": n, "Score": 0} for n in args.names]
-        self._require_ready()
-        real = self._real_pod(args.pod, shape)
-        with self._lock:
-            states = self.cluster.states(args.names)
-            raw = self._scores.scores(policy, shape, args.names, states)
-            top, level = rank(raw)
-            if top is not None and real is not None:
-                self._assume(real[0], top, real[1])
-        get = raw.get
-        return [
-            {"Host": n, "Score": MAX_SCORE if n == top else level.get(get(n), 0)}  # type: ignore[arg-type]
-            for n in args.names
-        ]
-
-    def _real_pod(self, pod: Mapping[str, Any], shape: PodShape) -> tuple[str, PodShape] | None:
-        """(UID, requests) of the real pod behind the body, or None: then nothing is
-        booked or learned for it, and the reason is counted."""
-        if self.verifier is None:  # trusted (tests, benchmarks); "" is never assumed
-            return _uid(pod), shape
-        real, why = self.verifier.verify(pod)
-        if real is None:
-            self.metrics.unverified.labels(why).inc()
-            return None
-        return real.uid, real.shape
-
-    def _require_ready(self) -> None:
-        ready, why = self.ready()
-        if not ready:
-            raise NotReady(why)
-
-    def _assume(self, uid: str, node: str, shape: PodShape) -> None:
-        if uid:
-            self.cluster.assume(uid, node, shape)
-            self.metrics.assumed.inc()
-
-    @staticmethod
-    def _filter_result(args: Args, passed: Sequence[str], failed: dict[str, str]) -> dict[str, Any]:
-        if args.nodes is None:
-            return {"NodeNames": list(passed), "FailedNodes": failed, "Error": ""}
-        keep = set(passed)
-        items = [n for n in args.nodes if (n.get("metadata") or {}).get("name") in keep]
-        return {"Nodes": {"items": items}, "FailedNodes": failed, "Error": ""}
-
-
-def _uid(pod: Mapping[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
-    uid = meta.get("uid") if isinstance(meta, dict) else None
-    return uid if isinstance(uid, str) else ""
-
-
-def _reason(r: Rejection) -> str:
-    return f"gpudaemon: {r.message}"
+        return [{"Host": n, "Score": s} for n, s in self.framework.score(args.pod, args.names)]
 
 
 def _reply(start_response: StartResponse, status: str, doc: object) -> list[bytes]:

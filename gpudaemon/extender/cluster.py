@@ -1,5 +1,7 @@
 """The extender's view of the cluster: one `NodeState` per node, kept current by the
-informers' handlers and by provisional placements ("assumed" pods).
+informers' handlers and by provisional placements ("assumed" pods, `AssumeCache`). A
+request reads it through `snapshot`: every named node's state and freshness as of one
+moment.
 
 Free GPUs on a node = allocatable `nvidia.com/gpu` - requests of the non-terminal pods
 bound there - GPUs assumed for pods this extender ranked but has not yet seen bound.
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -30,6 +32,12 @@ from gpudaemon.labels.sanitize import DEFAULT_PREFIX
 Obj = Mapping[str, Any]
 TERMINAL_PHASES = ("Succeeded", "Failed")
 _NEVER = float("-inf")  # fresh until: no Lease vouches for the node
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    states: dict[str, NodeState | None]
+    fresh: dict[str, bool]
 
 
 class NodeListener(Protocol):
@@ -61,6 +69,33 @@ def _expiry(lease: Obj) -> tuple[float | None, str]:
     return (None if expiry is None else expiry.timestamp()), owner
 
 
+class AssumeCache:
+    """Pods counted on a node before the watch shows their binding, by pod UID, each
+    until a deadline (kube-scheduler's assume cache). Not locked: ClusterState, which
+    adds their requests to the nodes' usage, holds its lock around every call."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._by_uid: dict[str, _Assumed] = {}
+
+    def add(self, uid: str, node: str, shape: PodShape, now: float) -> _Assumed | None:
+        """Assume `uid` on `node`; returns the assumption it replaces, if any."""
+        old = self._by_uid.pop(uid, None)
+        self._by_uid[uid] = _Assumed(node, shape, now + self.ttl_s)
+        return old
+
+    def pop(self, uid: str) -> _Assumed | None:
+        return self._by_uid.pop(uid, None)
+
+    def expire(self, now: float) -> list[_Assumed]:
+        """Remove and return the assumptions whose deadline has passed."""
+        gone = [u for u, a in self._by_uid.items() if a.expires_at <= now]
+        return [self._by_uid.pop(u) for u in gone]
+
+    def __len__(self) -> int:
+        return len(self._by_uid)
+
+
 class ClusterState:
     """Thread-safe store fed by the Node, Pod and Lease informers."""
 
@@ -81,7 +116,7 @@ class ClusterState:
         self._node_uids: dict[str, str] = {}
         self._pods: dict[str, _Pod] = {}  # by UID, bound and non-terminal only
         self._usage: dict[str, tuple[int, int, int]] = {}  # node -> (gpus, cpu m, mem B)
-        self._assumed: dict[str, _Assumed] = {}  # by pod UID
+        self._assumed = AssumeCache(assume_ttl_s)
         self._leases: dict[str, tuple[float | None, str]] = {}  # node -> (expiry, owner)
         # node -> wall-clock time its agent data goes stale: the Lease's expiry when the
         # Lease vouches for this Node object, else absent. Kept at event time so a
@@ -255,19 +290,19 @@ class ClusterState:
         with self._lock:
             if pod_uid in self._pods:  # already bound: nothing to assume
                 return
-            self._drop_assumed(pod_uid)
-            self._assumed[pod_uid] = _Assumed(node, shape, self.clock() + self.assume_ttl_s)
+            old = self._assumed.add(pod_uid, node, shape, self.clock())
+            if old is not None:
+                self._add_usage(old.node, old.shape, -1)
             self._add_usage(node, shape, +1)
 
     def _drop_assumed(self, uid: str) -> None:
-        a = self._assumed.pop(uid, None)
+        a = self._assumed.pop(uid)
         if a is not None:
             self._add_usage(a.node, a.shape, -1)
 
     def _expire_assumed(self) -> None:
-        now = self.clock()
-        for uid in [u for u, a in self._assumed.items() if a.expires_at <= now]:
-            self._drop_assumed(uid)
+        for a in self._assumed.expire(self.clock()):
+            self._add_usage(a.node, a.shape, -1)
 
     # -- reads --------------------------------------------------------------------
 
@@ -289,6 +324,13 @@ class ClusterState:
                         self._states[name] = st
                 out[name] = st
             return out
+
+    def snapshot(self, names: Sequence[str]) -> Snapshot:
+        """The named nodes' states and freshness as of one moment, under one lock, so a
+        request judges one consistent cluster (not states from before an event and
+        freshness from after it)."""
+        with self._lock:
+            return Snapshot(self.states(names), self.freshness(names))
 
     def freshness(self, names: Iterable[str]) -> dict[str, bool]:
         """`fresh` for many nodes under one lock (the per-request path)."""

@@ -198,14 +198,14 @@ def test_with_one_candidate_a_burst_takes_one_round_trip_per_pod_and_still_packs
         )
 
     before = {v: requests(v) for v in ("filter", "prioritize")}
-    ext.api.candidates = 1
+    ext.api.framework.candidates = 1
     try:
         names = [rig.create_pod(1, group) for _ in range(30)]  # all at once
         for n in names:
             rig.wait_bound(n, timeout=60)
         placed = rig.gpus_by_node(nodes)
     finally:
-        ext.api.candidates = ext.cfg.extender.candidates
+        ext.api.framework.candidates = ext.cfg.extender.candidates
     rig.delete_pods(names)
 
     assert sum(placed.values()) == 30 and max(placed.values()) <= 8, placed

@@ -1,0 +1,227 @@
+"""The extender's decisions, named as kube-scheduler names its steps: **filter** (which
+nodes can take the pod, and the policy's best few), **score** (0-10 per node) and
+**reserve** (assume the pod on the node ranked first, until its binding is seen).
+
+Each request works on one snapshot of the cluster, taken under the cluster's lock, and
+the decisions are serialised under one lock: a pod's ranking and the reservation it
+leaves behind are one step, so concurrent requests (two scheduler replicas, or
+retries) never score from a count another request is about to change. The wire format
+(api.py) only decodes, calls these and encodes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpudaemon.extender.cluster import ClusterState
+from gpudaemon.extender.metrics import ExtenderMetrics
+from gpudaemon.extender.pods import PodVerifier
+from gpudaemon.extender.podspec import POLICY_ANNOTATION, pod_policy, pod_shape
+from gpudaemon.extender.policies.base import Policy, UnknownPolicyError
+from gpudaemon.extender.scoring import MAX_SCORE, Rejection, ScoreMemo, best_nodes, check_node, rank
+from gpudaemon.extender.state import PodShape
+from gpudaemon.httpserver import Readiness
+
+
+class BadPod(ValueError):
+    """The pod in the request cannot be read (its resources): a 400 with this reason."""
+
+
+class NotReady(RuntimeError):
+    """The caches have not listed yet: answered 503, so the scheduler retries soon.
+    Empty caches would judge every node "no agent data" and the scheduler would park
+    the pod as unschedulable."""
+
+
+class UnknownPodPolicy(ValueError):
+    """The pod's annotation names no registered policy: every node fails with this."""
+
+
+@dataclass
+class FilterResult:
+    passed: list[str]
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+class Framework:
+    def __init__(
+        self,
+        cluster: ClusterState,
+        policies: Mapping[str, Policy],
+        default_policy: str,
+        metrics: ExtenderMetrics,
+        ready: Readiness,
+        *,
+        avoid_unhealthy: bool = True,
+        candidates: int = 0,
+        observe: Callable[[str, PodShape], None] | None = None,
+        verifier: PodVerifier | None = None,
+    ) -> None:
+        if default_policy not in policies:
+            raise UnknownPolicyError(default_policy)
+        self.cluster = cluster
+        self.policies = dict(policies)
+        self.default_policy = default_policy
+        self.metrics = metrics
+        self.ready = ready
+        self.avoid_unhealthy = avoid_unhealthy
+        self.candidates = candidates
+        self.observe = observe
+        # None trusts the body's pod (in-process tests and benchmarks only): the
+        # `gpudaemon extender` program always verifies (see pods.py).
+        self.verifier = verifier
+        self._lock = threading.Lock()
+        self._scores = ScoreMemo()  # used under _lock
+        for p in self.policies.values():  # what they learn from nodes, off the request path
+            cluster.add_node_listener(p)
+
+    # -- the pod ------------------------------------------------------------------
+
+    def shape(self, pod: Mapping[str, Any]) -> PodShape:
+        try:
+            return pod_shape(pod, self.cluster.product_label)
+        except ValueError as e:
+            raise BadPod(f"pod resources: {e}") from None
+        except (AttributeError, TypeError):
+            raise BadPod("pod spec is malformed (containers/resources)") from None
+
+    def policy_for(self, pod: Mapping[str, Any]) -> Policy:
+        """The pod's policy (annotation), else the default. An unknown name is an error
+        the scheduler shows the user, not a silent fallback."""
+        chosen = pod_policy(pod)
+        if chosen is None:
+            return self.policies[self.default_policy]
+        policy = self.policies.get(chosen)
+        if policy is None:
+            raise UnknownPodPolicy(
+                f"gpudaemon: unknown policy {chosen!r} in annotation {POLICY_ANNOTATION}"
+                f" (known: {', '.join(sorted(self.policies))})"
+            )
+        return policy
+
+    def _real_pod(self, pod: Mapping[str, Any], shape: PodShape) -> tuple[str, PodShape] | None:
+        """(UID, requests) of the real pod behind the body, or None: then nothing is
+        reserved or learned for it, and the reason is counted."""
+        if self.verifier is None:  # trusted (tests, benchmarks); "" is never reserved
+            return _uid(pod), shape
+        real, why = self.verifier.verify(pod)
+        if real is None:
+            self.metrics.unverified.labels(why).inc()
+            return None
+        return real.uid, real.shape
+
+    def _require_ready(self) -> None:
+        ready, why = self.ready()
+        if not ready:
+            raise NotReady(why)
+
+    # -- filter -------------------------------------------------------------------
+
+    def filter(self, pod: Mapping[str, Any], names: Sequence[str]) -> FilterResult:
+        shape = self.shape(pod)
+        if shape.gpus <= 0:  # not ours to judge: pass everything through, quickly
+            return FilterResult(list(names))
+        self._require_ready()
+        try:
+            policy = self.policy_for(pod)
+        except UnknownPodPolicy as e:
+            self.metrics.filter_nodes.labels("unknown_policy").inc(len(names))
+            return FilterResult([], {n: str(e) for n in names})
+        real = self._real_pod(pod, shape)
+        if real is not None:
+            for p in self.policies.values():
+                p.observe_pod(real[0], real[1])
+            if self.observe is not None:
+                self.observe(real[0], real[1])
+        failed: dict[str, str] = {}
+        passed: list[str] = []
+        removed: Counter[str] = Counter()  # by reason; one metric update per reason
+        with self._lock:
+            snap = self.cluster.snapshot(names)
+            states, fresh = snap.states, snap.fresh
+            for name in names:
+                why = check_node(
+                    states[name], shape, fresh=fresh[name], avoid_unhealthy=self.avoid_unhealthy
+                )
+                if why is None:
+                    passed.append(name)
+                else:
+                    failed[name] = _reason(why)
+                    removed[why.reason] += 1
+            if 0 < self.candidates < len(passed):
+                # Narrow to the policy's best nodes. Those outranked are not listed in
+                # FailedNodes: the scheduler reads that map only for a pod that fits
+                # nowhere, and here some node fits; listing them would cost the
+                # scheduler a map of every node to decode per pod.
+                raw = self._scores.scores(policy, shape, passed, states)
+                if raw:  # none scorable (our CPU/memory view says no node fits, the
+                    # scheduler's says some do): leave the choice to the scheduler
+                    keep = best_nodes(raw, self.candidates)
+                    if len(keep) < self.candidates:  # fill up with the unscored ones
+                        keep += [n for n in passed if n not in raw][: self.candidates - len(keep)]
+                    removed["outranked"] += len(passed) - len(keep)
+                    passed = keep
+            if (
+                real is not None
+                and len(passed) == 1
+                and (s := states[passed[0]]) is not None
+                and s.can_host(real[1])
+            ):
+                # The scheduler skips /prioritize with one feasible node, so the pod
+                # would never be reserved: reserve it here, or the next pods of a burst
+                # are judged from a count that misses it.
+                self._reserve(real[0], passed[0], real[1])
+        for reason, count in removed.items():
+            self.metrics.filter_nodes.labels(reason).inc(count)
+        self.metrics.filter_nodes.labels("passed").inc(len(passed))
+        return FilterResult(passed, failed)
+
+    # -- score --------------------------------------------------------------------
+
+    def score(self, pod: Mapping[str, Any], names: Sequence[str]) -> list[tuple[str, int]]:
+        """0..10 per node, in the request's order; the pick alone at 10 (scoring.rank),
+        and the pod reserved on it."""
+        shape = self.shape(pod)
+        try:
+            policy = self.policy_for(pod)
+        except UnknownPodPolicy:  # filter already failed every node with the reason
+            return [(n, 0) for n in names]
+        # A GPU-less pod reaches us only without managedResources; neutral unless the
+        # policy judges where it strands GPUs (fragmentation does).
+        if shape.gpus <= 0 and not policy.scores_gpuless_pods:
+            return [(n, 0) for n in names]
+        self._require_ready()
+        real = self._real_pod(pod, shape)
+        with self._lock:
+            states = self.cluster.snapshot(names).states
+            raw = self._scores.scores(policy, shape, names, states)
+            top, level = rank(raw)
+            if top is not None and real is not None:
+                self._reserve(real[0], top, real[1])
+        get = raw.get
+        return [
+            (n, MAX_SCORE if n == top else level.get(get(n), 0))  # type: ignore[arg-type]
+            for n in names
+        ]
+
+    # -- reserve ------------------------------------------------------------------
+
+    def _reserve(self, uid: str, node: str, shape: PodShape) -> None:
+        """Count the pod on `node` until the watch shows its binding (cluster.assume)."""
+        if uid:
+            self.cluster.assume(uid, node, shape)
+            self.metrics.assumed.inc()
+
+
+def _uid(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    uid = meta.get("uid") if isinstance(meta, dict) else None
+    return uid if isinstance(uid, str) else ""
+
+
+def _reason(r: Rejection) -> str:
+    return f"gpudaemon: {r.message}"
