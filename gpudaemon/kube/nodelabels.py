@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from loguru import logger
 
-from gpudaemon.errors import KubeError, SinkError
+from gpudaemon.errors import KubeError, KubeNotFoundError, SinkError
 from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import FIELD_MANAGER, Credentials, KubeClient
 from gpudaemon.kube.lease import LeaseRenewer, micro_time, renew_cron
@@ -185,7 +185,8 @@ class NodeLabelSink:
             if self.health.pending(self._unhealthy, self._gpus):
                 return self._sync_health()
             if self._lease_owed and self.clock() >= self._lease_retry_at and self.fresh():
-                return self._renew()
+                # As a heartbeat: never for a Node that is gone or not the one written.
+                return self._heartbeat()
             return False
 
     def jobs(self) -> list[Job]:
@@ -331,19 +332,27 @@ class NodeLabelSink:
         server's cache) must be the one the labels went to; a new one is re-labelled
         by the next `kube-retry` (within a second), which re-owns the Lease."""
         with self._lock:
-            current = self._applied is not None and self._applied == self._desired
-            if not current or self._node_uid is None or not self.fresh():
-                return False
-            try:
-                same = self._same_node(self.client.get_node(self.node, cached=True))
-            except KubeError as e:
-                self._lease_owed = True
-                self._lease_retry_at = self.clock() + self._lease_backoff.next_delay()
-                self._lease_failed(type(e)(f"node {self.node}: lease not renewed: {e}", e.status))
-            if not same:
-                self._applied = None  # kube-retry writes the labels again
-                return False
-            return self._renew()
+            return self._heartbeat()
+
+    def _heartbeat(self) -> bool:
+        current = self._applied is not None and self._applied == self._desired
+        if not current or self._node_uid is None or not self.fresh():
+            return False
+        try:
+            same = self._same_node(self.client.get_node(self.node, cached=True))
+        except KubeNotFoundError:
+            # The Node is gone: a labels matter (one line from kube-retry's reconcile,
+            # which re-labels the Node when it comes back and re-owns the Lease then).
+            self._applied = None
+            return False
+        except KubeError as e:
+            self._lease_owed = True
+            self._lease_retry_at = self.clock() + self._lease_backoff.next_delay()
+            self._lease_failed(type(e)(f"node {self.node}: lease not renewed: {e}", e.status))
+        if not same:
+            self._applied = None  # kube-retry writes the labels again
+            return False
+        return self._renew()
 
     def _announce_fresh(self, now: float) -> None:
         """Write `fresh-since` now, after the Lease, so the scheduler's retry finds the
