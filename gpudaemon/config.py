@@ -41,7 +41,7 @@ from gpudaemon.textfile import MIB, check_regular_file, read_text_file
 ENV_PREFIX = "GPUDAEMON_"
 # Where history waits while InfluxDB is down (a hostPath or emptyDir in the chart).
 DEFAULT_SPOOL_DIR = "/var/lib/gpudaemon/spool"
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class _Section(BaseModel):
@@ -356,7 +356,7 @@ class Config(_Section):
     @model_validator(mode="after")
     def _defaults(self) -> Config:
         # It goes into API paths: only a valid Node name (DNS-1123 subdomain) may.
-        if len(self.node_name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(self.node_name):
+        if len(self.node_name) > 253 or not DNS1123_SUBDOMAIN.fullmatch(self.node_name):
             raise ValueError(
                 f"node_name {self.node_name!r} is not a valid Node name "
                 "(lower-case letters, digits, '-' and '.', at most 253 characters); "

@@ -31,7 +31,7 @@ from gpudaemon.backends.base import is_sticky
 from gpudaemon.errors import UsageError
 from gpudaemon.logsetup import LogLimiter
 from gpudaemon.model import GpuSample
-from gpudaemon.textfile import MIB, read_text_file
+from gpudaemon.textfile import MIB, read_text_file, write_atomic
 
 DEFAULT_STATE_FILE = "/var/lib/gpudaemon/health.json"
 _VERSION = 1
@@ -68,7 +68,7 @@ class FileStore:
         return json.loads(read_text_file(self.path, "health.state_file", MIB))
 
     def save(self, doc: dict[str, Any]) -> None:
-        _write_atomic(self.path, json.dumps(doc, indent=1).encode())
+        _write_record(self.path, json.dumps(doc, indent=1).encode())
 
 
 class AnnotationStore:
@@ -209,23 +209,14 @@ class HealthMemory:
             logger.info("{}: GPU faults recorded again", self.store.where)
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    """Write a sibling temp file and rename it over `path`: a crash leaves the old
-    record or the new one, never half of one. A symlink or non-file at `path` is
-    refused (a hostPath is shared with whatever else runs on the node)."""
+def _write_record(path: str, data: bytes) -> None:
+    """Atomically, and never through a symlink or onto a non-file at `path` (a hostPath
+    is shared with whatever else runs on the node)."""
     target = Path(path)
-    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         st = os.lstat(target)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(f"{path} is not a regular file")
     except FileNotFoundError:
         pass
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, target)
+    write_atomic(target, data, 0o600, fsync=True, dir_mode=0o700)

@@ -1,5 +1,6 @@
 """Reading a small file the user named (config, profile, token, kubeconfig): only a
-regular file, only up to a size limit, and never blocking.
+regular file, only up to a size limit, and never blocking. And the one way the agent
+writes a file whole (`write_atomic`): the label and NFD outputs, the GPU fault record.
 
 `--config /dev/zero` would otherwise read forever (MemoryError), and a FIFO or a
 terminal on `/dev/stdin` would hang the agent before it logs anything. Symlinks are
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
+from pathlib import Path
 
 from gpudaemon.errors import UsageError
 
@@ -84,3 +87,24 @@ def read_text_file(
         return b"".join(chunks).decode("utf-8")
     except UnicodeDecodeError:
         raise error(f"{what} {path}: not a UTF-8 text file") from None
+
+
+def write_atomic(
+    path: Path, data: bytes, mode: int = 0o644, *, fsync: bool = False, dir_mode: int = 0o777
+) -> None:
+    """Write a sibling temp file (created exclusively) and rename it over `path`: a
+    reader, or a crash, sees the old file or the new one, never half of one. Raises
+    OSError."""
+    path.parent.mkdir(mode=dir_mode, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -15,7 +15,6 @@ server load.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -23,14 +22,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpudaemon.config import DNS1123_SUBDOMAIN
 from gpudaemon.errors import KubeError, KubeNotFoundError
 from gpudaemon.extender.podspec import pod_shape
 from gpudaemon.extender.state import PodShape
 
 Obj = Mapping[str, Any]
-# metadata.name / namespace as the API allows them (DNS-1123 subdomain / label): checked
-# before a name goes into an API path.
-_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 # Why a request's pod was not booked: the reasons of gpudaemon_extender_unverified_pods_total.
 REASONS = ("no_uid", "unknown_pod", "bound", "other_scheduler", "rate_limited", "api_error")
@@ -154,7 +151,9 @@ class PodVerifier:
         ns, name = meta.get("namespace"), meta.get("name")
         if not (isinstance(ns, str) and isinstance(name, str)):
             return None, self._remember(uid, "unknown_pod")
-        if not (_NAME.fullmatch(ns) and _NAME.fullmatch(name)):
+        # Names as the API allows them (config's DNS-1123 rule, the Node name's), checked
+        # before they go into an API path.
+        if not all(len(v) <= 253 and DNS1123_SUBDOMAIN.fullmatch(v) for v in (ns, name)):
             return None, self._remember(uid, "unknown_pod")
         if not self.bucket.take():
             return None, "rate_limited"

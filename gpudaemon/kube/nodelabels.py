@@ -346,13 +346,17 @@ class NodeLabelSink:
             self._applied = None
             return False
         except KubeError as e:
-            self._lease_owed = True
-            self._lease_retry_at = self.clock() + self._lease_backoff.next_delay()
+            self._owe_lease()
             self._lease_failed(type(e)(f"node {self.node}: lease not renewed: {e}", e.status))
         if not same:
             self._applied = None  # kube-retry writes the labels again
             return False
         return self._renew()
+
+    def _owe_lease(self) -> None:
+        """A renewal failed: kube-retry tries again after the Lease's own backoff."""
+        self._lease_owed = True
+        self._lease_retry_at = self.clock() + self._lease_backoff.next_delay()
 
     def _announce_fresh(self, now: float) -> None:
         """Write `fresh-since` now, after the Lease, so the scheduler's retry finds the
@@ -386,8 +390,7 @@ class NodeLabelSink:
         try:
             self.lease.renew(uid)
         except KubeError as e:
-            self._lease_owed = True
-            self._lease_retry_at = self.clock() + self._lease_backoff.next_delay()
+            self._owe_lease()
             self._lease_failed(e)
         owner_changed = self._lease_uid != uid  # first renewal, or a re-created Node
         self._lease_uid = uid

@@ -8,9 +8,7 @@ rename), so NFD's local source never reads a half-written file.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
@@ -18,6 +16,7 @@ from typing import TextIO
 from gpudaemon.errors import SinkError
 from gpudaemon.labels import Labels, LabelSet
 from gpudaemon.schedule import Job
+from gpudaemon.textfile import write_atomic
 
 
 def _check(ls: LabelSet) -> None:
@@ -27,12 +26,7 @@ def _check(ls: LabelSet) -> None:
 
 def atomic_write(path: Path, text: str) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        write_atomic(path, text.encode())
     except OSError as e:
         raise SinkError(f"cannot write {path}: {e.strerror or e}") from None
 
