@@ -23,11 +23,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from loguru import logger
 from waitress import wasyncore
 from waitress.channel import HTTPChannel
 from waitress.server import BaseWSGIServer, create_server
 
 from gpudaemon.errors import UsageError
+from gpudaemon.logsetup import LogLimiter
 from gpudaemon.textfile import check_regular_file
 
 WsgiApp = Callable[..., Iterable[bytes]]
@@ -291,11 +293,21 @@ class TlsHttpServer:
             shutdown_timeout=max(1, math.ceil(grace_s)),
         )
         self._server.ssl_adapter = adapter
+        # cheroot writes a line to stderr for every refused handshake: a stranger
+        # could fill the log. Counted instead, one line a minute per kind.
+        self._refusals = LogLimiter(60.0)
+        self._server.error_log = self._error_log  # type: ignore[method-assign]
         self._server.max_request_body_size = max_body_bytes
         self._server.max_request_header_size = max_header_bytes
         self._thread: threading.Thread | None = None
         self._stopped = False
         self.port = port
+
+    def _error_log(self, msg: str = "", level: int = 20, traceback: bool = False) -> None:
+        text = str(msg).split("\n")[0]
+        kind = "handshake" if "TLS" in text or "SSL" in text else text[:40]
+        if self._refusals.allow(kind):
+            logger.warning("{}: {} (at most one such line a minute)", self.name, text)
 
     def start(self) -> None:
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import socket
 import ssl
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -130,3 +131,14 @@ def test_the_metrics_address_never_serves_the_scheduler_verbs() -> None:
     for path in ("/filter", "/prioritize", "/metrics"):
         wrapped({"PATH_INFO": path}, lambda status, headers: got.append(status))
     assert got == ["404 Not Found", "404 Not Found", "200 OK"]
+
+
+def test_a_stream_of_refused_handshakes_is_one_log_line_a_minute(
+    tls_server: TlsHttpServer, pki: Pki, lines: list[tuple[str, str]]
+) -> None:
+    for _ in range(20):
+        with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
+            get(tls_server.port, client_ctx(pki, None))
+    time.sleep(0.5)  # cheroot reports from its worker thread
+    refused = [m for _, m in lines if "extender:" in m and ("TLS" in m or "SSL" in m)]
+    assert len(refused) == 1, refused
