@@ -1,6 +1,7 @@
 """bench/apiwrites: API-server load of a fleet of agents, against a real kube-apiserver.
 
-Runs N simulated agents (Agent + NodeLabelSink with the agent's restricted identity, one
+Runs N simulated agents (bench/simagent.py: the agent's poller, labeler and NodeLabelSink
+with the agent's restricted identity, one
 process, one shared simulated clock) for M simulated minutes on the default schedules
 (telemetry 5 s, label reconcile 30 s, Lease renewal every `renew_period_s` of the
 configured duration: 360 s -> every 120 s). Watches on Nodes and on the agents' Leases
@@ -29,11 +30,10 @@ from pathlib import Path
 
 from loguru import logger
 
-from gpudaemon.app import Agent
-from gpudaemon.backends.simulated import FaultSpec, SimulatedBackend, load_profile
-from gpudaemon.config import load_config
+from bench.simagent import SimAgent
+from bench.table import print_table
+from gpudaemon.backends.simulated import FaultSpec
 from gpudaemon.kube.lease import lease_path, renew_period_s
-from gpudaemon.kube.nodelabels import NodeLabelSink
 from tests.integration.kube.controlplane import RBAC, ControlPlane
 from tests.support import tools_bin
 
@@ -86,33 +86,21 @@ def main() -> int:
         clock = SimClock()
         agents = []
         for i, n in enumerate(names):
-            cfg = load_config(
-                environ={},
-                overrides={
-                    "node_name": n,
-                    "labels": {"to": "apiserver"},
-                    "kubernetes": {"kubeconfig": str(cp.agent_kubeconfig)},
-                },
-            )
-            backend = SimulatedBackend(load_profile("dgx-h100"), seed=i, clock=clock)
-            a = Agent(cfg, backend=backend, clock=clock)
-            assert isinstance(a.label_sink, NodeLabelSink)
-            a.label_sink.clock = clock
-            agents.append(a)
+            agents.append(SimAgent(n, cp.agent_kubeconfig, seed=i, clock=clock))
         pool = ThreadPoolExecutor(args.workers)
 
-        def each(fn_name: str) -> None:
-            list(pool.map(lambda a: getattr(a, fn_name)(), agents))
+        def each(job: str) -> None:
+            list(pool.map(lambda a: a.run_once() if job == "once" else a.run(job), agents))
 
         # First cycle: every agent writes its Node once (the unavoidable first write).
-        each("run_once")
+        each("once")
         # Optional warm-up (not measured): telemetry and reconciles only, so the
         # annotation's smoothing settles before the counting starts.
         for step in range(1, int(args.warmup * 60 / 5) + 1):
             clock.t += 5
-            each("poll_telemetry")
+            each("telemetry")
             if step * 5 % 30 == 0:
-                each("reconcile_labels")
+                each("labels")
         modified: Counter[str] = Counter()
         lease_writes: Counter[str] = Counter()
         stop = threading.Event()
@@ -124,10 +112,7 @@ def main() -> int:
             ).start()
         period_s = renew_period_s(agents[0].cfg.kubernetes.lease_duration_seconds)
         time.sleep(0.5)
-        first_writes = sum(
-            a.registry.get_sample_value("gpudaemon_node_writes_total", {"result": "success"}) or 0
-            for a in agents
-        )
+        first_writes = sum(a.writes() for a in agents)
 
         steps = int(args.minutes * 60 / 5)
         renewals = 0
@@ -138,29 +123,18 @@ def main() -> int:
             sec = step * 5
             if step == lost_at:
                 for a in agents[: args.lost]:
-                    assert isinstance(a.backend, SimulatedBackend)
                     a.backend.inject(1, FaultSpec(kind="lost"))
-            each("poll_telemetry")
+            each("telemetry")
             if sec % 30 == 0:
-                each("reconcile_labels")
+                each("labels")
             if sec % period_s == 0:
-                renewals += sum(pool.map(lambda a: a.label_sink.heartbeat(), agents))
+                renewals += sum(pool.map(lambda a: a.sink.heartbeat(), agents))
         run_s = time.monotonic() - run0
         time.sleep(1.0)  # let the watch catch up
         stop.set()
 
-        sink_writes = (
-            sum(
-                a.registry.get_sample_value("gpudaemon_node_writes_total", {"result": "success"})
-                or 0
-                for a in agents
-            )
-            - first_writes
-        )
-        errors = sum(
-            a.registry.get_sample_value("gpudaemon_node_writes_total", {"result": "error"}) or 0
-            for a in agents
-        )
+        sink_writes = sum(a.writes() for a in agents) - first_writes
+        errors = sum(a.writes("error") for a in agents)
         lost_ok = sum(
             cp.node(n)["metadata"]["labels"]["gpudaemon.io/gpu.healthy"] == "7"
             for n in names[: args.lost]
@@ -196,12 +170,9 @@ def main() -> int:
             ("wall time of the simulated run (s)", f"{run_s:.1f}"),
             ("machine", f"{platform.node()} {os.cpu_count()} cpu, {platform.python_version()}"),
         ]
-        w = max(len(k) for k, _ in rows)
-        print(f"bench/apiwrites  {time.strftime('%Y-%m-%d %H:%M')}")
-        print(f"{'metric':<{w}}  value")
-        print(f"{'-' * w}  -----")
-        for k, v in rows:
-            print(f"{k:<{w}}  {v}")
+        print_table(
+            ("metric", "value"), rows, f"bench/apiwrites  {time.strftime('%Y-%m-%d %H:%M')}"
+        )
         for a in agents:
             a.close()
         pool.shutdown()

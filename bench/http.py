@@ -66,30 +66,29 @@ TIMEOUT_S = 5.0
 
 
 def bench_app() -> Callable[..., Iterable[bytes]]:
-    """The agent's own /metrics app (as `gpudaemon run --simulate dgx-h100` wires it,
-    after one poll), plus POST /echo."""
+    """The agent's own /metrics app, put together as the agent wires it (self-metrics,
+    reading ages and the GPU collector over the cache after one poll of simulated
+    dgx-h100), plus POST /echo."""
     from prometheus_client import CollectorRegistry
 
-    from gpudaemon.app import Agent
     from gpudaemon.backends.simulated import SimulatedBackend, load_profile
-    from gpudaemon.config import load_config
-    from gpudaemon.labels.outputs import NullSink
+    from gpudaemon.cache import Cache
+    from gpudaemon.metrics.collector import GpuCollector, ReadingAgeCollector
+    from gpudaemon.metrics.http import make_app
+    from gpudaemon.metrics.selfmetrics import AgentMetrics
+    from gpudaemon.poller import Poller
 
-    cfg = load_config(
-        environ={},
-        overrides={
-            "node_name": "bench-node",
-            "metrics": {"listen": "127.0.0.1:0", "pod_resources_socket": ""},
-        },
-    )
-    backend = SimulatedBackend(load_profile("dgx-h100"), seed=0)
-    agent = Agent(cfg, backend=backend, registry=CollectorRegistry(), label_sink=NullSink())
-    agent.check_backend()
-    agent.poll_telemetry()
-    agent.start_http()
-    assert agent.http is not None
-    metrics = agent.http.app
-    agent.http.stop()
+    registry, head = CollectorRegistry(), CollectorRegistry()
+    registry.register(head)
+    AgentMetrics(head).set_build("simulated")
+    cache = Cache()
+    poller = Poller(SimulatedBackend(load_profile("dgx-h100"), seed=0), cache)
+    poller.inventory()
+    poller.telemetry()
+    head.register(ReadingAgeCollector(cache))
+    gpus = GpuCollector(cache, "bench-node")
+    registry.register(gpus)
+    metrics = make_app(registry, lambda: (True, "ready"), gpus, head)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if environ["PATH_INFO"] == "/echo":

@@ -16,18 +16,23 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from loguru import logger
+from prometheus_client import CollectorRegistry
 
-from tests.integration.influx.rig import Clock, Rig
+from bench.table import print_table
+from gpudaemon.backends.simulated import SimulatedBackend, load_profile
+from gpudaemon.cache import Cache
+from gpudaemon.config import load_config
+from gpudaemon.history.writer import InfluxWriter
+from gpudaemon.poller import Poller
+from tests.clock import FakeClock
 from tests.integration.influx.server import InfluxServer
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import tools_bin
 
 
 def ms(xs: list[float]) -> str:
@@ -42,13 +47,7 @@ def main() -> int:
     ap.add_argument("--outage-cycles", type=int, default=8640)
     a = ap.parse_args()
     logger.remove()
-    tools = subprocess.run(
-        [str(REPO / "scripts" / "test-tools"), "influxd"], capture_output=True, text=True
-    )
-    if tools.returncode != 0:
-        print(tools.stderr, file=sys.stderr)
-        return 1
-    binary = Path(tools.stdout.strip().splitlines()[-1]) / "influxd"
+    binary = tools_bin("influxd") / "influxd"
     with tempfile.TemporaryDirectory() as tmp_:
         tmp = Path(tmp_)
         (tmp / "influxd").mkdir()
@@ -56,14 +55,30 @@ def main() -> int:
         server.start()
         try:
             db = server.create_database("bench")
-            rig = Rig(tmp, server.url, db, Clock())
-            agent, writer = rig.agent, rig.writer
+            # The agent's own steps: the poller into the cache, the writer reading it.
+            clock = FakeClock()
+            cfg = load_config(
+                environ={},
+                overrides={
+                    "node_name": "node-bench",
+                    "influxdb": {
+                        "url": server.url,
+                        "bucket": f"{db}/autogen",
+                        "spool_dir": str(tmp / "spool"),
+                        "timeout_ms": 5000,
+                    },
+                },
+            )
+            cache = Cache(clock)
+            poller = Poller(SimulatedBackend(load_profile("dgx-h100"), seed=5, clock=clock), cache)
+            poller.inventory()
+            writer = InfluxWriter(cfg, CollectorRegistry(), clock=clock)
 
             def one() -> float:
-                rig.clock.t += 10
-                agent.poll_telemetry()
+                clock.t += 10
+                poller.telemetry()
                 start = time.perf_counter()
-                writer.write(agent.cache.get())
+                writer.write(cache.get())
                 return time.perf_counter() - start
 
             steady = [one() for _ in range(a.cycles)]
@@ -74,33 +89,37 @@ def main() -> int:
             server.start()
             runs, start = 0, time.perf_counter()
             while writer.spool.points:
-                writer.write(agent.cache.get())  # the same reading again: replay only
+                writer.write(cache.get())  # the same reading again: replay only
                 runs += 1
             drain = time.perf_counter() - start
-            rig.close()
+            writer.close()
             stored = len(server.points(db, field="power_watts"))
         finally:
             server.stop()
 
     total = (a.cycles + a.outage_cycles) * 8
-    print(f"bench/influx on {platform.machine()}, {platform.python_version()}, influxd 1.8.10")
-    print("| what | result |")
-    print("|---|---|")
-    print(f"| history write, 8 GPUs, InfluxDB up ({a.cycles} runs) | {ms(steady)} |")
-    print(
-        "| history run, InfluxDB down: refused request + spool append with fsync "
-        f"({a.outage_cycles} runs) | "
-        f"{ms(outage)} |"
+    print_table(
+        ("what", "result"),
+        [
+            (f"history write, 8 GPUs, InfluxDB up ({a.cycles} runs)", ms(steady)),
+            (
+                "history run, InfluxDB down: refused request + spool append with fsync "
+                f"({a.outage_cycles} runs)",
+                ms(outage),
+            ),
+            (
+                "spool size",
+                f"{spool_bytes / a.outage_cycles:.0f} bytes per cycle, "
+                f"{spool_bytes / 2**20:.1f} MiB for {a.outage_cycles} cycles ({spooled} points)",
+            ),
+            (
+                "replay of the outage",
+                f"{runs} history runs, {drain:.1f} s, {spooled / drain:.0f} points/s",
+            ),
+            ("points in InfluxDB / taken", f"{stored} / {total}"),
+        ],
+        title=f"bench/influx on {platform.machine()}, {platform.python_version()}, influxd 1.8.10",
     )
-    print(
-        f"| spool size | {spool_bytes / a.outage_cycles:.0f} bytes per cycle, "
-        f"{spool_bytes / 2**20:.1f} MiB for {a.outage_cycles} cycles ({spooled} points) |"
-    )
-    print(
-        f"| replay of the outage | {runs} history runs, {drain:.1f} s, "
-        f"{spooled / drain:.0f} points/s |"
-    )
-    print(f"| points in InfluxDB / taken | {stored} / {total} |")
     return 0 if stored == total else 1
 
 

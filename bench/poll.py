@@ -20,11 +20,13 @@ from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry
 
-from gpudaemon.app import Agent
 from gpudaemon.backends.simulated import SimulatedBackend, parse_profile
-from gpudaemon.config import load_config
-from gpudaemon.labels.outputs import NullSink
+from gpudaemon.cache import Cache
+from gpudaemon.labels import NodeLabeler
+from gpudaemon.metrics.selfmetrics import AgentMetrics
 from gpudaemon.model import GpuSample, NodeInventory
+from gpudaemon.poller import Poller
+from gpudaemon.schedule import Job, JobRunner
 
 TARGET_MS = 0.3
 SMI_FIELDS = (
@@ -68,21 +70,29 @@ def profile(n: int) -> str:
 
 
 def measure(n: int, cycles: int) -> dict[str, float]:
+    # The agent's own steps (app.py wires the same ones): the poller into the cache,
+    # through the one job wrapper, and the label build.
     backend = TimedBackend(SimulatedBackend(parse_profile(profile(n)), seed=1))
-    cfg = load_config(environ={}, overrides={"simulate": "dgx-h100", "node_name": "bench"})
-    reg = CollectorRegistry()
-    agent = Agent(cfg, backend=backend, registry=reg, label_sink=NullSink())  # type: ignore[arg-type]
-    agent.poll_inventory()
+    cache = Cache()
+    poller, labeler = Poller(backend, cache), NodeLabeler()  # type: ignore[arg-type]
+    runner = JobRunner(
+        {
+            "telemetry": Job("telemetry", "* * * * * *", poller.telemetry),
+            "labels": Job("labels", "* * * * * *", lambda: labeler.build(cache.get())),
+        },
+        AgentMetrics(CollectorRegistry()),
+    )
+    poller.inventory()
     for _ in range(20):  # warm up
-        agent.poll_telemetry()
-        agent.reconcile_labels()
+        runner.run("telemetry")
+        runner.run("labels")
     poll, inside, labels = [], [], []
     for _ in range(cycles):
         backend.inside_s = 0.0
         t0 = time.perf_counter()
-        agent.poll_telemetry()
+        runner.run("telemetry")
         t1 = time.perf_counter()
-        agent.reconcile_labels()
+        runner.run("labels")
         t2 = time.perf_counter()
         poll.append(t1 - t0)
         inside.append(backend.inside_s)

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.table import print_table
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
 from gpudaemon.cache import Cache
 from gpudaemon.history.lines import lines_for
@@ -183,10 +184,10 @@ def main() -> int:
         ("append at the bound (drops oldest)", "bound_append"),
         ("disk use at the bound", "bound_disk"),
     ]
-    print("| | " + " | ".join(s.name for s in stores) + " |")
-    print("|---|" + "---|" * len(stores))
-    for label, key in rows:
-        print(f"| {label} | " + " | ".join(results[s.name][key] for s in stores) + " |")
+    print_table(
+        ("", *(s.name for s in stores)),
+        [(label, *(results[s.name][key] for s in stores)) for label, key in rows],
+    )
     return 0
 
 

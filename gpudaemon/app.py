@@ -17,17 +17,16 @@ from gpudaemon.backends import Backend, make_backend
 from gpudaemon.cache import Cache
 from gpudaemon.config import Config
 from gpudaemon.errors import GpudaemonError, NvmlUnavailableError
-from gpudaemon.healthlog import HealthLog
 from gpudaemon.healthmemory import DEFAULT_STATE_FILE, AnnotationStore, FileStore, HealthMemory
 from gpudaemon.labels import LabelSet, NodeLabeler
 from gpudaemon.labels.outputs import FileSink, NfdSink, NullSink, StdoutSink
-from gpudaemon.logsetup import LogLimiter
 from gpudaemon.metrics.collector import GpuCollector, ReadingAgeCollector
 from gpudaemon.metrics.http import HttpServer, make_app
 from gpudaemon.metrics.selfmetrics import AgentMetrics
 from gpudaemon.model import PodMap
 from gpudaemon.podresources import PodAttribution
-from gpudaemon.schedule import CronScheduler, Job
+from gpudaemon.poller import Poller
+from gpudaemon.schedule import CronScheduler, Job, JobRunner
 
 
 class LabelSink(Protocol):
@@ -137,13 +136,13 @@ class Agent:
         self.backend = backend or make_backend(cfg.simulate, seed=cfg.simulate_seed)
         self.metrics.set_build(self.backend.name)
         self.cache = Cache(clock)
-        self.health_log = HealthLog()  # one line when a GPU fault starts, one when it ends
         self.labeler = NodeLabeler(cfg.labels.prefix)
         self.label_sink = label_sink or make_label_sink(cfg, self.metrics)
         self.label_sink.set_freshness(lambda: self.readiness()[0])
         self.health_memory, self.faults_store = make_health_memory(
             cfg, self.backend, self.label_sink
         )
+        self.poller = Poller(self.backend, self.cache, self.health_memory)
         self.history = (
             history_sink if history_sink is not None else make_history_sink(cfg, self.own_registry)
         )
@@ -158,11 +157,8 @@ class Agent:
         self.scheduler = CronScheduler(
             on_overrun=lambda job: self.metrics.job_overruns.labels(job).inc()
         )
-        self._job_log = LogLimiter(60.0)
         self.jobs = self._job_table()
-        for name in self.jobs:  # every job's series exists from the start, at 0
-            self.metrics.poll_errors.labels(name)
-            self.metrics.job_overruns.labels(name)
+        self.runner = JobRunner(self.jobs, self.metrics)
         self.http: HttpServer | None = None
         self.stop_event = threading.Event()
 
@@ -172,8 +168,8 @@ class Agent:
         """Every scheduled job, in data order: name, cron, function."""
         s = self.cfg.schedules
         table = [
-            Job("inventory", s.inventory, self._inventory),
-            Job("telemetry", s.telemetry, self._telemetry),
+            Job("inventory", s.inventory, self.poller.inventory),
+            Job("telemetry", s.telemetry, self.poller.telemetry),
             Job("labels", s.labels, self._labels),
         ]
         if self.pod_attribution is not None:
@@ -184,42 +180,9 @@ class Agent:
         return {j.name: j for j in table}
 
     def run_job(self, name: str) -> bool:
-        """The one wrapper every run of every job goes through: times it, and on
-        failure keeps the last good data, counts it and logs it (the first failure of
-        a run of them, then at most once a minute, and once when the job works again).
-        True when the job succeeded; a job not configured is a success."""
-        job = self.jobs.get(name)
-        if job is None:
-            return True
-        start = time.perf_counter()
-        try:
-            job.run()
-        except GpudaemonError as e:
-            self.metrics.poll_errors.labels(name).inc()
-            if not e.reported and self._job_log.allow(name):
-                logger.error("{} failed: {}", name, e)
-            return False
-        except Exception as e:  # a bug must not kill the scheduler thread
-            self.metrics.poll_errors.labels(name).inc()
-            if self._job_log.allow(name):
-                logger.opt(exception=e).error("{} failed unexpectedly: {}", name, e)
-            return False
-        finally:
-            self.metrics.poll_duration_seconds.labels(name).observe(time.perf_counter() - start)
-        if self._job_log.forget(name):
-            logger.info("{} works again", name)
-        return True
-
-    def _inventory(self) -> None:
-        self.cache.put_inventory(self.backend.inventory())
-
-    def _telemetry(self) -> None:
-        if self.cache.get().inventory is None:
-            self.cache.put_inventory(self.backend.inventory())
-        samples = self.backend.sample()
-        if self.health_memory is not None:
-            samples = self.health_memory.apply(samples)
-        self.health_log.observe(self.cache.put_samples(samples).samples)
+        """Run one job through the one wrapper (timed, counted, logged); True when it
+        succeeded or is not configured."""
+        return self.runner.run(name)
 
     def _labels(self) -> None:
         snap = self.cache.get()

@@ -6,6 +6,7 @@ Units live in field names and are converted once, in the backend. `None` means
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -114,7 +115,10 @@ class Snapshot:
     sample_seq: int = 0  # increments with every telemetry poll
 
     def sample_for(self, index: int) -> GpuSample | None:
-        for s in self.samples:
-            if s.index == index:
-                return s
-        return None
+        return self._by_index.get(index)
+
+    @functools.cached_property
+    def _by_index(self) -> dict[int, GpuSample]:
+        # Built once per snapshot (readers look up every GPU of it); the instance dict
+        # is written directly, so this works on a frozen dataclass.
+        return {s.index: s for s in self.samples}

@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import tzinfo
-from typing import Any
+from typing import Any, Protocol
 
 from apscheduler.events import (
     EVENT_JOB_ERROR,
@@ -28,7 +29,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
 from loguru import logger
 
-from gpudaemon.errors import CronError
+from gpudaemon.errors import CronError, GpudaemonError
 from gpudaemon.logsetup import LogLimiter
 
 _DOW_NAMES = {0: "sun", 1: "mon", 2: "tue", 3: "wed", 4: "thu", 5: "fri", 6: "sat", 7: "sun"}
@@ -86,6 +87,53 @@ class Job:
     name: str
     cron: str
     run: Callable[[], object]
+
+
+class JobRunner:
+    """The one wrapper every run of every job goes through: times it, and on failure
+    keeps the last good data, counts it and logs it (the first failure of a run of
+    them, then at most once a minute, and once when the job works again)."""
+
+    def __init__(self, jobs: dict[str, Job], metrics: JobMetrics) -> None:
+        self.jobs = jobs
+        self.metrics = metrics
+        self._log = LogLimiter(60.0)
+        for name in jobs:  # every job's series exists from the start, at 0
+            metrics.poll_errors.labels(name)
+            metrics.job_overruns.labels(name)
+
+    def run(self, name: str) -> bool:
+        """True when the job succeeded; a job not configured is a success."""
+        job = self.jobs.get(name)
+        if job is None:
+            return True
+        start = time.perf_counter()
+        try:
+            job.run()
+        except GpudaemonError as e:
+            self.metrics.poll_errors.labels(name).inc()
+            if not e.reported and self._log.allow(name):
+                logger.error("{} failed: {}", name, e)
+            return False
+        except Exception as e:  # a bug must not kill the scheduler thread
+            self.metrics.poll_errors.labels(name).inc()
+            if self._log.allow(name):
+                logger.opt(exception=e).error("{} failed unexpectedly: {}", name, e)
+            return False
+        finally:
+            self.metrics.poll_duration_seconds.labels(name).observe(time.perf_counter() - start)
+        if self._log.forget(name):
+            logger.info("{} works again", name)
+        return True
+
+
+class JobMetrics(Protocol):
+    """What the runner counts: per-job errors, overruns and durations (labelled by
+    job name, as AgentMetrics has them)."""
+
+    poll_errors: Any
+    job_overruns: Any
+    poll_duration_seconds: Any
 
 
 @dataclass

@@ -3,9 +3,11 @@ Prometheus, InfluxDB) live in the conftest.py of their folder."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from loguru import logger
 
 from tests.support import ToolsError
 from tests.support import tools_bin as find_tools
@@ -19,3 +21,14 @@ def tools_bin_fixture() -> Path:
         return find_tools()
     except ToolsError as e:
         pytest.fail(str(e))
+
+
+@pytest.fixture
+def lines() -> Iterator[list[tuple[str, str]]]:
+    """(level, message) of every loguru line logged during the test."""
+    out: list[tuple[str, str]] = []
+    sink = logger.add(lambda m: out.append((m.record["level"].name, m.record["message"])))
+    try:
+        yield out
+    finally:
+        logger.remove(sink)

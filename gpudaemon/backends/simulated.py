@@ -291,6 +291,9 @@ class _SimGpu:
     ecc_uncorrected: int = 0
     lost: bool = False
     first_critical_xid: int | None = None
+    # One stream per GPU, seeded once: the n-th sample of a GPU is the same for the same
+    # seed, and seeding a generator per sample cost more than the rest of the sample.
+    rng: random.Random = field(default_factory=random.Random)
 
 
 class SimulatedBackend:
@@ -348,7 +351,13 @@ class SimulatedBackend:
                 faults = list(spec.faults)
                 faults += [f for f in self.profile.faults if f.gpu == index]
                 gpus.append(
-                    _SimGpu(info=info, spec=spec, faults=faults, walk=spec.utilization.mean)
+                    _SimGpu(
+                        info=info,
+                        spec=spec,
+                        faults=faults,
+                        walk=spec.utilization.mean,
+                        rng=random.Random(f"{self.seed}:{index}"),
+                    )
                 )
         return gpus
 
@@ -432,7 +441,7 @@ class SimulatedBackend:
         reason = health_reason(
             lost=False, critical_xid=g.first_critical_xid, ecc_uncorrected=g.ecc_uncorrected
         )
-        rng = random.Random(f"{self.seed}:{info.index}:{self._polls}")
+        rng = g.rng
         util = self._utilization(g, rng, elapsed)
         mean = 0.0 if spec.utilization.pattern == "idle" else spec.utilization.mean
         total = info.memory_total_bytes

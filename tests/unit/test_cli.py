@@ -1,8 +1,8 @@
 """The CLI as users run it: exit codes, one-line errors, no tracebacks.
 
-Most cases run `gpudaemon.cli.main` in this process (an interpreter start costs more than
-the case itself); `gpudaemon()` keeps a few as real subprocesses, for what only a real
-process shows: argparse's exit, the stderr a user sees, and the log format."""
+Every case runs `gpudaemon.cli.main` in this process (an interpreter start costs more than
+the case itself); what only a real process shows (argparse's exit, the stderr a user sees,
+the log format) is in tests/integration/cli/test_process.py."""
 
 import json
 from collections.abc import Iterator
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import CliResult, cli_process, run_cli
+from tests.support import run_cli
 
 
 @pytest.fixture(autouse=True)
@@ -19,11 +19,6 @@ def no_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("KUBECONFIG", "/nonexistent")
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     yield
-
-
-def gpudaemon(*args: str, env: dict[str, str] | None = None) -> CliResult:
-    """`gpudaemon <args>` as a real subprocess, outside any cluster."""
-    return cli_process(*args, env={"KUBECONFIG": "/nonexistent", **(env or {})})
 
 
 def test_probe_json_reports_eight_gpus_with_labels_and_annotation() -> None:
@@ -47,8 +42,11 @@ def test_run_once_exits_zero_and_prints_labels() -> None:
     assert json.loads(p.stdout)["labels"]["gpudaemon.io/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
 
 
-def test_run_once_with_default_sink_and_no_cluster_falls_back_to_stdout() -> None:
-    p = gpudaemon("run", "--simulate", "dgx-h100", "--once", env={"HOME": "/nonexistent"})
+def test_run_once_with_default_sink_and_no_cluster_falls_back_to_stdout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HOME", "/nonexistent")
+    p = run_cli("run", "--simulate", "dgx-h100", "--once")
     assert p.returncode == 0, p.stderr
     assert "writing labels to stdout" in p.stderr and "gpudaemon.io/gpu.count" in p.stdout
 
@@ -128,7 +126,7 @@ def test_listen_address_in_use_is_exit_2(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        p = gpudaemon(
+        p = run_cli(
             "run", "--simulate", "dgx-h100", "--labels-to", "none", "--listen", f"127.0.0.1:{port}"
         )
     assert p.returncode == 2 and "Address already in use" in p.stderr
@@ -189,22 +187,6 @@ def test_labels_to_none_runs_metrics_only() -> None:
     p = run_cli("run", "--simulate", "dgx-h100", "--once", "--labels-to", "none")
     assert p.returncode == 0, p.stderr
     assert p.stdout == "" and "labels->none" in p.stderr
-
-
-def test_log_json_writes_one_json_object_per_line() -> None:
-    p = gpudaemon("run", "--simulate", "dgx-h100", "--once", "--labels-to", "none", "--log-json")
-    assert p.returncode == 0, p.stderr
-    lines = p.stderr.strip().splitlines()
-    assert lines and all(json.loads(line)["record"]["level"]["name"] for line in lines)
-    assert any("gpudaemon starting" in json.loads(line)["text"] for line in lines)
-
-
-def test_an_unknown_flag_in_a_real_process_is_one_line_and_exit_2() -> None:
-    p = gpudaemon("run", "--bogus")
-    assert p.returncode == 2 and p.stdout == ""
-    assert p.stderr.strip().splitlines() == [
-        "gpudaemon: error: unrecognized arguments: --bogus (see --help)"
-    ]
 
 
 def test_probe_reads_simulate_and_prefix_from_the_config_file(tmp_path: Path) -> None:

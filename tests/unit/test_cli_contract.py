@@ -1,13 +1,12 @@
 """What `--help` and the docs say about exit codes is what the CLI does (issue 12
 item 16), and `--version` works like `version`."""
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.support import REPO
+import pytest
+
+from tests.support import REPO, CliResult, run_cli
 
 ONCE_RULE = (
     "0 when every step succeeded, 1 when one failed (a poll, the label sink, history or "
@@ -15,15 +14,15 @@ ONCE_RULE = (
 )
 
 
-def gpudaemon(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpudaemon", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        env={**os.environ, "KUBECONFIG": "/nonexistent", "COLUMNS": "200"},
-    )
+@pytest.fixture(autouse=True)
+def no_cluster_wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("COLUMNS", "200")  # argparse wraps --help to the terminal
+
+
+def gpudaemon(*args: str) -> CliResult:
+    return run_cli(*args)
 
 
 def one_line(text: str) -> str:

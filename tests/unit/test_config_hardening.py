@@ -4,9 +4,6 @@ numbers, malformed InfluxDB URLs and label outputs that are typos."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import types
 import typing
 from collections.abc import Iterator
@@ -21,27 +18,18 @@ from gpudaemon.config import Config, load_config
 from gpudaemon.errors import ConfigError, ProfileError
 from gpudaemon.kube.lease import renew_cron
 from gpudaemon.schedule import parse_cron
-from tests.support import REPO
+from tests.support import CliResult, run_cli
 
 GPU = "{name: X, memory_total_mib: 1000, compute_capability: '9.0'"
 
 
-def gpudaemon(
-    *args: str, cwd: Path = REPO, stdin: Any = subprocess.DEVNULL
-) -> subprocess.CompletedProcess[str]:
-    """A real CLI run with a timeout: a hang is a failure, not a stuck test run."""
-    return subprocess.run(
-        [sys.executable, "-m", "gpudaemon", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=cwd,
-        stdin=stdin,
-        env={**os.environ, "KUBECONFIG": "/nonexistent", "PYTHONPATH": str(REPO)},
-    )
+def gpudaemon(*args: str) -> CliResult:
+    """`gpudaemon <args>` in this process, outside any cluster (the files that could hang
+    a process are tested on a real one: tests/integration/cli/test_special_files.py)."""
+    return run_cli(*args)
 
 
-def one_line_exit_2(p: subprocess.CompletedProcess[str], *words: str) -> None:
+def one_line_exit_2(p: CliResult, *words: str) -> None:
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
@@ -49,67 +37,19 @@ def one_line_exit_2(p: subprocess.CompletedProcess[str], *words: str) -> None:
         assert w in lines[0], lines[0]
 
 
-# -- item 7: only regular files, with a size limit ---------------------------------------
+@pytest.fixture(autouse=True)
+def no_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
 
 
-@pytest.fixture
-def fifo(tmp_path: Path) -> Iterator[Path]:
-    path = tmp_path / "fifo"
-    os.mkfifo(path)  # nobody ever writes: reading it would block forever
-    yield path
-
-
-def test_config_that_is_a_fifo_is_refused_without_hanging(fifo: Path) -> None:
-    one_line_exit_2(gpudaemon("run", "--once", "--config", str(fifo)), "FIFO", "not a regular")
-
-
-def test_config_dev_zero_is_refused_without_reading_it() -> None:
-    one_line_exit_2(gpudaemon("run", "--once", "--config", "/dev/zero"), "character device")
-
-
-def test_config_dev_stdin_on_a_pipe_is_refused() -> None:
-    p = gpudaemon("run", "--once", "--config", "/dev/stdin", stdin=subprocess.PIPE)
-    one_line_exit_2(p, "/dev/stdin", "not a regular file")
-
-
-def test_config_dev_stdin_redirected_from_a_file_is_read(tmp_path: Path) -> None:
-    f = tmp_path / "c.yaml"
-    f.write_text("labels: {to: apiservr}\n")
-    with f.open() as stdin:  # a regular file: read, and its content validated
-        p = gpudaemon(
-            "run", "--once", "--simulate", "dgx-h100", "--config", "/dev/stdin", stdin=stdin
-        )
-    one_line_exit_2(p, "labels.to")
+# -- item 7: size limit (the special files: tests/integration/cli/test_special_files.py) --
 
 
 def test_config_larger_than_a_mebibyte_is_refused(tmp_path: Path) -> None:
     f = tmp_path / "big.yaml"
     f.write_text("# padding\n" * 200_000)
     one_line_exit_2(gpudaemon("run", "--once", "--config", str(f)), "larger than")
-
-
-@pytest.mark.parametrize("target", ["fifo", "/dev/zero", "dir"])
-def test_token_file_that_is_not_a_regular_file_is_refused_at_load(
-    fifo: Path, tmp_path: Path, target: str
-) -> None:
-    path = {"fifo": str(fifo), "dir": str(tmp_path)}.get(target, target)
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(
-        f"influxdb: {{url: 'http://127.0.0.1:1', org: o, bucket: b, token_file: '{path}',"
-        f" spool_dir: '{tmp_path / 'spool'}'}}\n"
-    )
-    p = gpudaemon(
-        "run", "--once", "--simulate", "dgx-h100", "--labels-to", "none", "--config", str(cfg)
-    )
-    one_line_exit_2(p, "influxdb.token_file", "not a regular file")
-
-
-def test_profile_and_kubeconfig_that_are_fifos_are_refused(fifo: Path, tmp_path: Path) -> None:
-    one_line_exit_2(gpudaemon("probe", "--simulate", str(fifo)), "profile", "FIFO")
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"kubernetes: {{kubeconfig: '{fifo}'}}\n")
-    p = gpudaemon("run", "--once", "--simulate", "dgx-h100", "--config", str(cfg))
-    one_line_exit_2(p, "kubernetes.kubeconfig", "FIFO")
 
 
 # -- items 8 and 12: every number finite and bounded, booleans are not numbers ----------
@@ -326,9 +266,8 @@ def test_labels_to_words_and_paths_are_accepted(to: str) -> None:
     assert load_config(environ={}, overrides={"labels": {"to": to}}).labels.to == to
 
 
-def test_labels_to_typo_writes_no_file(tmp_path: Path) -> None:
-    p = gpudaemon(
-        "run", "--once", "--simulate", "dgx-h100", "--labels-to", "apiservr", cwd=tmp_path
-    )
+def test_labels_to_typo_writes_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    p = gpudaemon("run", "--once", "--simulate", "dgx-h100", "--labels-to", "apiservr")
     one_line_exit_2(p, "labels.to", "apiserver, stdout, nfd, none")
     assert not (tmp_path / "apiservr").exists()

@@ -167,24 +167,6 @@ def test_garbage_is_a_400_not_a_crash(server: HttpServer) -> None:
     assert request(server.port, path="/after") == (200, b"/after")
 
 
-def test_idle_connections_are_closed_by_the_server() -> None:
-    srv = HttpServer("127.0.0.1:0", echo, name="test", idle_timeout_s=1)
-    srv.start()
-    try:
-        silent = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
-        kept = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
-        kept.request("GET", "/once")
-        assert kept.getresponse().read() == b"/once"  # HTTP/1.1: the connection stays open
-        assert kept.sock is not None
-        # recv blocks until the server closes: b"" then, a time-out error if it never does.
-        assert silent.recv(1) == b""
-        assert kept.sock.recv(1) == b""
-        silent.close()
-        kept.close()
-    finally:
-        srv.stop()
-
-
 def new_threads(before: set[threading.Thread], *ours: threading.Thread) -> int:
     """Threads started since `before` that are not the test's own (a thread of an earlier
     test that is still exiting is in `before`, so it cannot make a count flaky)."""

@@ -1,15 +1,13 @@
 """Simulated-profile fields that would be silently ignored are load-time errors
 (issue 12 item 17): one line naming the field, exit 2 from the CLI."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from gpudaemon.backends.simulated import SimulatedBackend, parse_profile
 from gpudaemon.errors import ProfileError
-from tests.support import REPO
+from tests.support import run_cli
 
 GPU = "{name: X, memory_total_mib: 1000, compute_capability: '9.0'"
 UUID = "GPU-12345678-abcd-ef01-2345-6789abcdef01"
@@ -61,13 +59,7 @@ def test_builtin_profiles_still_load(name: str) -> None:
 def test_cli_says_one_line_and_exits_2(tmp_path: Path) -> None:
     f = tmp_path / "p.yaml"
     f.write_text(f"gpus: [{GPU}, count: 2, uuid: {UUID}}}]\n")
-    p = subprocess.run(
-        [sys.executable, "-m", "gpudaemon", "probe", "--simulate", str(f)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
+    p = run_cli("probe", "--simulate", str(f))
     assert p.returncode == 2, p.stderr
     assert p.stderr.strip().splitlines() == [
         f"gpudaemon: error: profile {f}: gpus.0: uuid: only with count: 1 (2 GPUs cannot share one)"

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -23,7 +21,7 @@ from gpudaemon.extender.metrics import CacheCollector, ExtenderMetrics
 from gpudaemon.history.writer import InfluxMetrics
 from gpudaemon.metrics.collector import ReadingAgeCollector
 from gpudaemon.metrics.selfmetrics import AgentMetrics
-from tests.support import REPO
+from tests.support import REPO, run_cli
 
 REFERENCE = REPO / "docs" / "reference"
 
@@ -91,13 +89,7 @@ def test_every_metric_is_in_the_reference() -> None:
 @pytest.mark.parametrize("profile", ["dgx-h100", "a100-mig", "mixed"])
 def test_every_label_and_annotation_of_a_profile_is_in_the_reference(profile: str) -> None:
     doc = (REFERENCE / "labels.md").read_text()
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpudaemon", "probe", "--simulate", profile, "--format", "json"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-    )
+    proc = run_cli("probe", "--simulate", profile, "--format", "json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert [k for k in out["labels"] if f"| `{k}` |" not in doc] == []

@@ -1,13 +1,11 @@
 """Cron parsing (5 and 6 fields, fixed clock) and the scheduler's overrun handling."""
 
-import threading
-import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from gpudaemon.errors import CronError
-from gpudaemon.schedule import CronScheduler, parse_cron
+from gpudaemon.schedule import parse_cron
 
 T0 = datetime(2026, 11, 22, 10, 0, 0, 300000, tzinfo=UTC)  # a Sunday
 
@@ -54,43 +52,3 @@ def test_invalid_expressions_raise_one_line(expr: str) -> None:
     with pytest.raises(CronError) as e:
         parse_cron(expr)
     assert "invalid cron expression" in str(e.value) and "\n" not in str(e.value)
-
-
-def test_overrunning_job_is_skipped_and_counted_not_stacked() -> None:
-    release, running, overruns = threading.Event(), [], []
-    sched = CronScheduler(on_overrun=overruns.append)
-
-    def slow() -> None:
-        running.append(1)
-        release.wait(10)
-
-    sched.add("telemetry", slow, "* * * * * *")
-    sched.start()
-    try:
-        deadline = time.monotonic() + 8
-        while not overruns and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        release.set()
-        sched.shutdown(wait=True)
-    assert overruns and overruns[0] == "telemetry"
-    assert len(running) == 1  # never two at once
-    assert sched.stats.by_job["telemetry"]["overruns"] >= 1
-
-
-def test_shutdown_waits_for_the_running_job_and_starts_no_other() -> None:
-    started, release, runs = threading.Event(), threading.Event(), []
-
-    def job() -> None:
-        runs.append(1)
-        started.set()
-        release.wait(10)
-        runs.append(2)
-
-    sched = CronScheduler()
-    sched.add("labels", job, "* * * * * *")
-    sched.start()
-    assert started.wait(10)
-    threading.Timer(0.2, release.set).start()  # the job ends while shutdown waits
-    sched.shutdown(wait=True)
-    assert runs == [1, 2]  # the running job finished; no new run was started

@@ -1,33 +1,29 @@
-"""`gpudaemon run` with history on and a spool it cannot use: a real subprocess must
-refuse to start (exit 2, one line, no traceback) rather than lose points silently."""
+"""`gpudaemon run` with history on and a spool it cannot use must refuse to start (exit 2, one line, no traceback) rather than lose points silently."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+import pytest
+
 from gpudaemon.history.spool import Spool
+from tests.support import CliResult, run_cli
 
 LOCAL = ("--labels-to", "none")
 
 
-def run_once(spool_dir: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUDAEMON_")}
-    env.update(
-        KUBECONFIG="/nonexistent",
-        GPUDAEMON_INFLUXDB__URL="http://127.0.0.1:9",  # discard: nothing listens
-        GPUDAEMON_INFLUXDB__BUCKET="gpus",
-        GPUDAEMON_INFLUXDB__SPOOL_DIR=str(spool_dir),
-    )
-    return subprocess.run(
-        [sys.executable, "-m", "gpudaemon", "run", "--once", "--simulate", "dgx-h100", *LOCAL],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+@pytest.fixture(autouse=True)
+def no_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+
+
+def run_once(spool_dir: Path) -> CliResult:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("GPUDAEMON_INFLUXDB__URL", "http://127.0.0.1:9")  # discard: nobody listens
+        env.setenv("GPUDAEMON_INFLUXDB__BUCKET", "gpus")
+        env.setenv("GPUDAEMON_INFLUXDB__SPOOL_DIR", str(spool_dir))
+        return run_cli("run", "--once", "--simulate", "dgx-h100", *LOCAL)
 
 
 def test_unusable_spool_dir_exits_2_with_one_line_naming_key_path_reason_and_fix(

@@ -18,6 +18,8 @@ from gpudaemon.extender.app import observability_only
 from gpudaemon.httpserver import HttpServer, TlsFiles, TlsHttpServer, text_response
 from tests.certs import Pki, make_pki
 
+pytestmark = pytest.mark.integration  # real sockets, real TLS handshakes
+
 
 def app(environ: dict[str, object], start_response: object) -> list[bytes]:
     return text_response(start_response, "200 OK", f"ok {environ['PATH_INFO']}\n")  # type: ignore[arg-type]

@@ -1,0 +1,33 @@
+"""Poll once, read many: the agent's two polling steps, from a backend into the cache.
+Every reader (labels, /metrics, history) reads the cache, never the backend.
+
+Kept apart from the wiring (app.py) so that bench/poll times the very steps the agent
+runs, with the library modules only."""
+
+from __future__ import annotations
+
+from gpudaemon.backends import Backend
+from gpudaemon.cache import Cache
+from gpudaemon.healthlog import HealthLog
+from gpudaemon.healthmemory import HealthMemory
+
+
+class Poller:
+    def __init__(
+        self, backend: Backend, cache: Cache, health_memory: HealthMemory | None = None
+    ) -> None:
+        self.backend = backend
+        self.cache = cache
+        self.health_memory = health_memory
+        self.health_log = HealthLog()  # one line when a GPU fault starts, one when it ends
+
+    def inventory(self) -> None:
+        self.cache.put_inventory(self.backend.inventory())
+
+    def telemetry(self) -> None:
+        if self.cache.get().inventory is None:
+            self.inventory()
+        samples = self.backend.sample()
+        if self.health_memory is not None:  # sticky faults survive a restart
+            samples = self.health_memory.apply(samples)
+        self.health_log.observe(self.cache.put_samples(samples).samples)
