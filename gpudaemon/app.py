@@ -172,6 +172,8 @@ class Agent:
             Job("telemetry", s.telemetry, self.poller.telemetry),
             Job("labels", s.labels, self._labels),
         ]
+        if s.energy != "none":
+            table.append(Job("energy", s.energy, self.poller.energy))
         if self.pod_attribution is not None:
             table.append(Job("pods", s.pods, self.pod_attribution.refresh))
         if self.history is not None:
@@ -216,7 +218,7 @@ class Agent:
         """One full cycle, in data order. True when every step succeeded. The Lease
         too: a cycle's labels are only worth something to a scheduler while a Lease
         vouches for them (it expires on its own afterwards)."""
-        order = ("inventory", "telemetry", "labels", "history", "lease")
+        order = ("inventory", "telemetry", "energy", "labels", "history", "lease")
         return all([self.run_job(name) for name in order])
 
     # -- readiness ---------------------------------------------------------------
@@ -265,6 +267,7 @@ class Agent:
         # First readings straight away (check_backend already took the inventory), so
         # /readyz and the labels don't wait a period.
         self.poll_telemetry()
+        self.run_job("energy")
         self.reconcile_labels()
         self.refresh_pods()
         for job in self.jobs.values():

@@ -153,7 +153,7 @@ CATALOGUE: tuple[Series, ...] = (
     Series(
         "gpu_energy_joules_total",
         "counter",
-        "Energy used since the driver was loaded.",
+        "Energy used since the driver was loaded (read on schedules.energy, default 30 s).",
         "gpu",
         gpu=_reading("energy_joules_total"),
         influx_field="energy_joules_total",

@@ -170,6 +170,7 @@ def _probe(args: argparse.Namespace) -> int:
     from gpudaemon.labels import NodeLabeler
     from gpudaemon.labels.sanitize import validate_prefix
     from gpudaemon.logsetup import setup_logging
+    from gpudaemon.poller import Poller
 
     setup_logging("WARNING")
     if args.prefix is not None:
@@ -181,8 +182,11 @@ def _probe(args: argparse.Namespace) -> int:
     backend = make_backend(cfg.simulate, seed=cfg.simulate_seed)
     try:
         cache = Cache()
-        cache.put_inventory(backend.inventory())
-        snap = cache.put_samples(backend.sample())
+        poller = Poller(backend, cache)
+        poller.inventory()
+        poller.telemetry()
+        poller.energy()
+        snap = cache.get()
     finally:
         backend.close()
     ls = NodeLabeler(cfg.labels.prefix).build(snap)

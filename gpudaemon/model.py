@@ -113,6 +113,10 @@ class Snapshot:
     samples: tuple[GpuSample, ...] = ()
     samples_at: float = 0.0
     sample_seq: int = 0  # increments with every telemetry poll
+    # The newest energy counter read of each GPU (its own, slower schedule), already
+    # merged into `samples` as energy_joules_total; kept to merge into the next samples.
+    energy_joules: Mapping[int, float] = field(default_factory=dict)
+    energy_at: float = 0.0
 
     def sample_for(self, index: int) -> GpuSample | None:
         return self._by_index.get(index)

@@ -66,6 +66,24 @@ def lost_sample(index: int, uuid: str, xid_errors_total: Mapping[int, int]) -> G
     )
 
 
+# The NVML calls one GPU's telemetry sample makes (NvmlBackend.sample), and the ones its
+# energy read makes (NvmlBackend.energy): a unit test holds the NVML backend to these,
+# and the simulator charges a GPU's latency profile for the same calls, so a design that
+# puts a slow call on the hot path costs on simulated GPUs what it costs on real ones.
+SAMPLE_CALLS: tuple[str, ...] = (
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetClockInfo",  # SM
+    "nvmlDeviceGetClockInfo",  # memory
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetTotalEccErrors",  # corrected
+    "nvmlDeviceGetTotalEccErrors",  # uncorrected
+)
+ENERGY_CALLS: tuple[str, ...] = ("nvmlDeviceGetTotalEnergyConsumption",)
+
+
 class Backend(Protocol):
     """A source of GPU inventory and samples.
 
@@ -78,7 +96,14 @@ class Backend(Protocol):
 
     def inventory(self) -> NodeInventory: ...
 
-    def sample(self) -> tuple[GpuSample, ...]: ...
+    def sample(self) -> tuple[GpuSample, ...]:
+        """Every GPU's telemetry, without the energy counter (see `energy`)."""
+        ...
+
+    def energy(self) -> dict[int, float | None]:
+        """Each GPU's energy counter in joules, by index (None: not readable now). A
+        slow call on real GPUs, so it has its own schedule (`schedules.energy`)."""
+        ...
 
     def boot_id(self) -> str:
         """Changes when the GPUs are reset (a node reboot); "" if unknown."""

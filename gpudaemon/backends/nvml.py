@@ -3,12 +3,20 @@
 Owns: lazy init under a lock, shutdown, versioned-symbol fallbacks (probed once),
 unit conversion (mW -> W, mJ -> J, MHz -> Hz, percent -> ratio), "not supported" ->
 None, GPU-lost isolation, and the XID event thread.
+
+Cost (measured on an H100, ../docs/benchmarks.md): every telemetry call takes 2-10 us,
+but the energy counter takes ~3.9 ms, so it is read by `energy()` on its own slower
+schedule, never by `sample()`. The calls each step makes are `SAMPLE_CALLS` and
+`ENERGY_CALLS` (backends/base.py); the simulator charges its latency profile for the
+same ones. A reading a GPU does not support is asked once, then not again; the first
+read of each reading on each GPU is timed, and one over SLOW_CALL_S is logged.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from types import ModuleType
 from typing import Any, cast
 
@@ -18,6 +26,10 @@ from gpudaemon.backends.base import health_reason, host_boot_id, is_critical_xid
 from gpudaemon.errors import BackendError, NvmlUnavailableError
 from gpudaemon.logsetup import LogLimiter
 from gpudaemon.model import GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
+
+# A first read at least this slow is logged (the energy counter: ~3.9 ms on an H100).
+SLOW_CALL_S = 0.001
+_timer = time.perf_counter  # the probe's clock (a test replaces it)
 
 
 class _Unsupported(Exception):
@@ -55,6 +67,10 @@ class NvmlBackend:
         self._xid_lock = threading.Lock()  # the event thread writes, sample() reads
         self._memory_v2: bool | None = None  # probed once: nvmlDeviceGetMemoryInfo_v2 usable?
         self._field_values: bool | None = None  # probed once: nvmlDeviceGetFieldValues usable?
+        # (GPU, reading) pairs NVML said are not supported: never asked again.
+        self._unsupported: set[tuple[int, str]] = set()
+        self._probed: set[tuple[int, str]] = set()  # first read timed
+        self.first_read_s: dict[tuple[int, str], float] = {}  # what each probe found
         self._want_xid_events = xid_events
         self._stop = threading.Event()
         self._xid_thread: threading.Thread | None = None
@@ -133,15 +149,31 @@ class NvmlBackend:
             raise
 
     def _read(self, index: int, what: str, fn: str, *args: Any) -> Any:
-        """One reading: None when unsupported or failing (logged once); _Lost propagates."""
+        """One reading: None when unsupported (then never asked again on this GPU) or
+        failing (logged once); _Lost propagates. The first read of each reading on each
+        GPU is timed: the probe that tells a slow call from a cheap one."""
+        key = (index, what)
+        if key in self._unsupported:
+            return None
+        probe = key not in self._probed
+        start = _timer() if probe else 0.0
         try:
-            return self._call(fn, *args)
+            value = self._call(fn, *args)
         except _Unsupported:
+            self._unsupported.add(key)
+            if index >= 0:
+                logger.info("GPU {}: {} is not supported; not read again", index, what)
             return None
         except self._nvml.NVMLError as e:
             if self._warn_once.allow((what, index)):
                 logger.warning("GPU {}: reading {} failed: {}", index, what, e)
             return None
+        if probe:
+            self._probed.add(key)
+            took = self.first_read_s[key] = _timer() - start
+            if took >= SLOW_CALL_S and index >= 0:
+                logger.info("GPU {}: reading {} took {:.1f} ms ({})", index, what, took * 1e3, fn)
+        return value
 
     # -- inventory ---------------------------------------------------------------
 
@@ -255,18 +287,24 @@ class NvmlBackend:
         sm = self._read(i, "sm clock", "nvmlDeviceGetClockInfo", h, n.NVML_CLOCK_SM)
         memclk = self._read(i, "memory clock", "nvmlDeviceGetClockInfo", h, n.NVML_CLOCK_MEM)
         procs = self._read(i, "processes", "nvmlDeviceGetComputeRunningProcesses", h)
-        fv = self._fields(
+        # Volatile (since the driver loaded) ECC totals: two ~3 us calls. Not through
+        # nvmlDeviceGetFieldValues, which costs ~4 ms once the energy field is in it.
+        sbe = self._read(
             i,
+            "ecc corrected",
+            "nvmlDeviceGetTotalEccErrors",
             h,
-            [
-                n.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
-                n.NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
-                n.NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
-            ],
+            n.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+            n.NVML_VOLATILE_ECC,
         )
-        energy_mj = fv.get(n.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION)
-        sbe = fv.get(n.NVML_FI_DEV_ECC_SBE_VOL_TOTAL)
-        dbe = fv.get(n.NVML_FI_DEV_ECC_DBE_VOL_TOTAL)
+        dbe = self._read(
+            i,
+            "ecc uncorrected",
+            "nvmlDeviceGetTotalEccErrors",
+            h,
+            n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            n.NVML_VOLATILE_ECC,
+        )
         info = self._infos.get(i)
         migs = tuple(self._mig_sample(i, m) for m in info.mig_devices) if info else ()
         with self._xid_lock:
@@ -286,7 +324,6 @@ class NvmlBackend:
             memory_total_bytes=int(mem.total) if mem is not None else None,
             temperature_celsius=float(temp) if temp is not None else None,
             power_watts=power_mw / 1000.0 if power_mw is not None else None,
-            energy_joules_total=energy_mj / 1000.0 if energy_mj is not None else None,
             sm_clock_hertz=sm * 1e6 if sm is not None else None,
             memory_clock_hertz=memclk * 1e6 if memclk is not None else None,
             ecc_corrected_errors_total=int(sbe) if sbe is not None else None,
@@ -295,6 +332,25 @@ class NvmlBackend:
             xid_errors_total=self._xid_counts(i),
             mig=migs,
         )
+
+    def energy(self) -> dict[int, float | None]:
+        """Each GPU's energy counter in joules since the driver loaded (None: not
+        supported, lost or failing). ~3.9 ms per GPU on an H100: read on the energy
+        schedule, not with every sample."""
+        with self._lock:
+            self._ensure_init()
+            out: dict[int, float | None] = {}
+            for i, h in enumerate(self._handles):
+                if h is None or i in self._lost:
+                    out[i] = None
+                    continue
+                try:
+                    mj = self._read(i, "energy", "nvmlDeviceGetTotalEnergyConsumption", h)
+                except _Lost:
+                    self._mark_lost(i)
+                    mj = None
+                out[i] = mj / 1000.0 if mj is not None else None
+            return out
 
     def _mig_sample(self, i: int, m: MigDevice) -> MigSample:
         n = self._nvml
@@ -332,7 +388,7 @@ class NvmlBackend:
             values = self._call("nvmlDeviceGetFieldValues", h, ids)
         except _Unsupported:
             if self._field_values is None:
-                logger.info("nvmlDeviceGetFieldValues unavailable; energy/ECC/NVLink absent")
+                logger.info("nvmlDeviceGetFieldValues unavailable; the NVLink link count is absent")
             self._field_values = False
             return {}
         except n.NVMLError as e:

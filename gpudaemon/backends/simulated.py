@@ -3,6 +3,12 @@
 Readings are a pure function of (seed, GPU index, poll number, elapsed time), so a
 seeded run is reproducible. Faults (XID, lost GPU, ECC) fire at a configured time or
 poll and behave like their NVML counterparts.
+
+A GPU may carry a per-call latency profile (`nvml_latency_us`, microseconds per NVML
+call): a sample then costs what the NVML calls the real backend makes for it cost
+(`SAMPLE_CALLS`, `ENERGY_CALLS`). The time is spent once per step, as a busy wait for
+the sum (NVML calls are CPU time in the driver, and one `time.sleep` per call would
+charge at least ~50 us each, far more than most real calls).
 """
 
 from __future__ import annotations
@@ -31,12 +37,18 @@ from pydantic import (
     model_validator,
 )
 
-from gpudaemon.backends.base import health_reason, is_critical_xid, lost_sample
+from gpudaemon.backends.base import (
+    ENERGY_CALLS,
+    SAMPLE_CALLS,
+    health_reason,
+    is_critical_xid,
+    lost_sample,
+)
 from gpudaemon.errors import ProfileError
 from gpudaemon.model import MIB, GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
 from gpudaemon.textfile import read_text_file
 
-BUILTIN_PROFILES = ("dgx-h100", "a100-mig", "mixed")
+BUILTIN_PROFILES = ("dgx-h100", "a100-mig", "mixed", "h100-measured")
 _GPU_UUID = re.compile(r"GPU-[0-9A-Fa-f]{8}(-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}")
 
 # MIG profile name -> memory in MiB, for the profiles our simulated A100/H100s offer.
@@ -57,6 +69,31 @@ _MIG_MEMORY_MIB = {
     "7g.40gb": 40192,
     "7g.80gb": 80896,
 }
+
+
+# The calls a latency profile may name: the per-sample and energy calls the agent makes
+# on its hot paths, and the inventory calls measured on real hardware (not charged).
+_NVML_CALLS = (
+    frozenset(SAMPLE_CALLS)
+    | frozenset(ENERGY_CALLS)
+    | {
+        "nvmlDeviceGetFieldValues",
+        "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetPciInfo",
+    }
+)
+
+
+def _spend(seconds: float) -> None:
+    """Take `seconds` of wall time the way an NVML call does: on the CPU. Sleeps only
+    the part of a long wait that a sleep's overshoot cannot spoil."""
+    if seconds <= 0.0:
+        return
+    end = time.perf_counter() + seconds
+    if seconds > 0.002:
+        time.sleep(seconds - 0.001)
+    while time.perf_counter() < end:
+        pass
 
 
 def _not_bool(v: Any) -> Any:
@@ -162,6 +199,18 @@ class GpuSpec(_Strict):
     utilization: UtilizationSpec = UtilizationSpec()
     mig: MigSpec = MigSpec(capable=False)
     faults: tuple[FaultSpec, ...] = ()
+    # NVML call name -> its mean latency in microseconds on this GPU (absent: free).
+    nvml_latency_us: dict[str, Annotated[Number, Field(ge=0.0, le=1e6)]] = {}
+
+    @field_validator("nvml_latency_us")
+    @classmethod
+    def _known_calls(cls, v: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(v) - _NVML_CALLS)
+        if unknown:
+            raise ValueError(
+                f"unknown NVML call {', '.join(unknown)}; known: {', '.join(sorted(_NVML_CALLS))}"
+            )
+        return v
 
     @field_validator("compute_capability", mode="before")
     @classmethod
@@ -239,6 +288,10 @@ class Profile(_Strict):
         return self
 
 
+def _cost_s(spec: GpuSpec, calls: tuple[str, ...]) -> float:
+    return sum(spec.nvml_latency_us.get(c, 0.0) for c in calls) / 1e6
+
+
 def load_profile(name_or_path: str) -> Profile:
     """A built-in profile by name, or a YAML profile file by path."""
     if name_or_path in BUILTIN_PROFILES:
@@ -294,6 +347,8 @@ class _SimGpu:
     # One stream per GPU, seeded once: the n-th sample of a GPU is the same for the same
     # seed, and seeding a generator per sample cost more than the rest of the sample.
     rng: random.Random = field(default_factory=random.Random)
+    sample_cost_s: float = 0.0  # what NVML would take for this GPU's sample
+    energy_cost_s: float = 0.0  # ... and for its energy read
 
 
 class SimulatedBackend:
@@ -357,6 +412,8 @@ class SimulatedBackend:
                         faults=faults,
                         walk=spec.utilization.mean,
                         rng=random.Random(f"{self.seed}:{index}"),
+                        sample_cost_s=_cost_s(spec, SAMPLE_CALLS),
+                        energy_cost_s=_cost_s(spec, ENERGY_CALLS),
                     )
                 )
         return gpus
@@ -384,7 +441,16 @@ class SimulatedBackend:
             self._last = now
             self._polls += 1
             elapsed = now - self._start
-            return tuple(self._sample_one(g, elapsed, dt) for g in self._gpus)
+            out = tuple(self._sample_one(g, elapsed, dt) for g in self._gpus)
+            _spend(sum(g.sample_cost_s for g in self._gpus if not g.lost))
+            return out
+
+    def energy(self) -> dict[int, float | None]:
+        """The energy each GPU has used since the simulated driver loaded, in joules:
+        power integrated over the samples so far (None for a lost GPU)."""
+        with self._lock:
+            _spend(sum(g.energy_cost_s for g in self._gpus if not g.lost))
+            return {g.info.index: None if g.lost else round(g.energy_joules, 3) for g in self._gpus}
 
     def close(self) -> None:
         pass
@@ -470,7 +536,6 @@ class SimulatedBackend:
             memory_total_bytes=total,
             temperature_celsius=round(30.0 + 50.0 * util + rng.gauss(0.0, 0.5), 1),
             power_watts=round(power, 3),
-            energy_joules_total=round(g.energy_joules, 3),
             sm_clock_hertz=(spec.sm_clock_max_mhz if busy else 345.0) * 1e6,
             memory_clock_hertz=spec.memory_clock_mhz * 1e6,
             ecc_corrected_errors_total=g.ecc_corrected if spec.ecc else None,

@@ -168,6 +168,16 @@ class FakeNvml:
         self._gpu(h, "nvmlDeviceGetComputeRunningProcesses")
         return [SimpleNamespace(pid=1), SimpleNamespace(pid=2)]
 
+    def nvmlDeviceGetTotalEccErrors(self, h: int, error_type: int, counter: int) -> int:
+        g = self._gpu(h, "nvmlDeviceGetTotalEccErrors")
+        assert counter == real.NVML_VOLATILE_ECC
+        if f"ecc:{error_type}" in g.missing:
+            raise NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        return g.sbe if error_type == real.NVML_MEMORY_ERROR_TYPE_CORRECTED else g.dbe
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:
+        return self._gpu(h, "nvmlDeviceGetTotalEnergyConsumption").energy_mj
+
     def nvmlDeviceGetFieldValues(self, h: int, ids: list[int]) -> list[Any]:
         g = self._gpu(h, "nvmlDeviceGetFieldValues")
         if not self.field_values:

@@ -28,7 +28,8 @@ def test_inventory_and_units() -> None:
     assert s.gpu_utilization_ratio == pytest.approx(0.42)
     assert s.memory_utilization_ratio == pytest.approx(0.17)
     assert s.power_watts == pytest.approx(250.0)
-    assert s.energy_joules_total == pytest.approx(9000.0)
+    assert s.energy_joules_total is None  # its own schedule: b.energy()
+    assert b.energy() == {0: pytest.approx(9000.0), 1: pytest.approx(9000.0)}
     assert s.sm_clock_hertz == pytest.approx(1.98e9)
     assert s.temperature_celsius == 51.0 and s.process_count == 2
     assert (s.ecc_corrected_errors_total, s.ecc_uncorrected_errors_total) == (0, 0)
@@ -38,7 +39,7 @@ def test_unsupported_readings_are_none_never_zero() -> None:
     gpu = FakeGpu().unsupported(
         "nvmlDeviceGetPowerUsage",
         "nvmlDeviceGetTemperature",
-        f"field:{real.NVML_FI_DEV_ECC_SBE_VOL_TOTAL}",
+        f"ecc:{real.NVML_MEMORY_ERROR_TYPE_CORRECTED}",
     )
     b = backend(FakeNvml([gpu]))
     b.inventory()
@@ -72,12 +73,60 @@ def test_memory_v2_probed_once_then_v1() -> None:
     assert b.sample()[0].memory_used_bytes == 1024 * 2**20
 
 
-def test_field_values_unavailable_leaves_energy_absent() -> None:
+def test_field_values_unavailable_leaves_only_the_nvlink_count_absent() -> None:
     b = backend(FakeNvml([FakeGpu()], field_values=False))
-    b.inventory()
+    assert b.inventory().gpus[0].nvlink_links is None
     s = b.sample()[0]
-    assert s.energy_joules_total is None and s.ecc_corrected_errors_total is None
-    assert s.power_watts == pytest.approx(250.0)
+    assert s.ecc_corrected_errors_total == 0 and s.power_watts == pytest.approx(250.0)
+    assert b.energy() == {0: pytest.approx(9000.0)}
+
+
+def test_one_sample_makes_the_calls_the_simulator_charges_and_no_slow_one() -> None:
+    """SAMPLE_CALLS and ENERGY_CALLS are what the NVML backend really calls per GPU: the
+    simulator's latency model charges them, so they must not drift apart."""
+    from collections import Counter
+
+    from gpudaemon.backends.base import ENERGY_CALLS, SAMPLE_CALLS
+
+    fake = FakeNvml([FakeGpu(), FakeGpu(uuid="GPU-2")])
+    b = backend(fake)
+    b.inventory()
+    b.sample()  # the first sample also probes (memory v2)
+    fake.calls.clear()
+    b.sample()
+    assert Counter(fake.calls) == Counter(SAMPLE_CALLS * 2)
+    assert "nvmlDeviceGetTotalEnergyConsumption" not in fake.calls
+    fake.calls.clear()
+    b.energy()
+    assert Counter(fake.calls) == Counter(ENERGY_CALLS * 2)
+
+
+def test_an_unsupported_reading_is_asked_once_per_gpu() -> None:
+    fake = FakeNvml([FakeGpu().unsupported("nvmlDeviceGetPowerUsage"), FakeGpu(uuid="GPU-2")])
+    b = backend(fake)
+    b.inventory()
+    for _ in range(5):
+        samples = b.sample()
+    assert samples[0].power_watts is None and samples[1].power_watts == pytest.approx(250.0)
+    # GPU 0 was asked once; GPU 1 (supported) on every sample
+    assert fake.calls.count("nvmlDeviceGetPowerUsage") == 1 + 5
+
+
+def test_the_first_read_of_each_reading_is_timed_and_a_slow_one_logged(
+    lines: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = iter([0.0, 0.0039])  # the energy read's probe: 3.9 ms
+    b = backend(FakeNvml([FakeGpu()]))
+    b.inventory()
+    b.sample()
+    import gpudaemon.backends.nvml as nvml_mod
+
+    monkeypatch.setattr(nvml_mod, "_timer", lambda: next(clock))
+    b.energy()
+    b.energy()  # probed already: not timed again (the iterator would run dry)
+    assert b.first_read_s[(0, "energy")] == pytest.approx(0.0039)
+    slow_lines = [m for _, m in lines if "took" in m]
+    assert slow_lines == ["GPU 0: reading energy took 3.9 ms (nvmlDeviceGetTotalEnergyConsumption)"]
 
 
 def test_uncorrected_ecc_makes_gpu_unhealthy() -> None:

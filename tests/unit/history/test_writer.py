@@ -86,7 +86,8 @@ class Rig:
 
     def cycle(self) -> Snapshot:
         self.clock.t += 10
-        snap = self.cache.put_samples(self.backend.sample())
+        self.cache.put_samples(self.backend.sample())
+        snap = self.cache.put_energy(self.backend.energy())
         self.writer.write(snap)
         return snap
 

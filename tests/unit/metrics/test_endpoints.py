@@ -47,6 +47,10 @@ class GuardedBackend:
             raise BackendError("driver gone")
         return self.inner.sample()
 
+    def energy(self) -> dict[int, float | None]:
+        self._check()
+        return self.inner.energy()
+
     def close(self) -> None:
         pass
 
