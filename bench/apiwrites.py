@@ -7,7 +7,8 @@ process, one shared simulated clock) for M simulated minutes on the default sche
 configured duration: 360 s -> every 120 s). Watches on Nodes and on the agents' Leases
 count the writes the API server really made (MODIFIED events), next to the sinks' own
 node_writes counters, and the table gives both kinds and their sum per node-hour
-(target: at most 60, Node and Lease together). Optionally a few agents lose a GPU halfway, to show a
+(target: at most 60, Node and Lease together), and the Node reads kube-apiserver counted
+per node-minute (target: at most 0.5). Optionally a few agents lose a GPU halfway, to show a
 real change still reaches the Node. Prints a table.
 
   scripts/bench apiwrites [--nodes 200] [--minutes 10] [--warmup 0] [--lost 2] [--workers 8]
@@ -113,6 +114,7 @@ def main() -> int:
         period_s = renew_period_s(agents[0].cfg.kubernetes.lease_duration_seconds)
         time.sleep(0.5)
         first_writes = sum(a.writes() for a in agents)
+        reads0 = cp.requests("nodes", ("GET",))
 
         steps = int(args.minutes * 60 / 5)
         renewals = 0
@@ -130,6 +132,7 @@ def main() -> int:
             if sec % period_s == 0:
                 renewals += sum(pool.map(lambda a: a.sink.heartbeat(), agents))
         run_s = time.monotonic() - run0
+        node_reads = cp.requests("nodes", ("GET",)) - reads0
         time.sleep(1.0)  # let the watch catch up
         stop.set()
 
@@ -157,6 +160,11 @@ def main() -> int:
                 f"{sum(steady) / (len(steady) * args.minutes / 60):.3f}" if steady else "-",
             ),
             ("max writes on one steady node", f"{max(steady, default=0)}"),
+            ("Node reads (kube-apiserver's apiserver_request_total, GET)", f"{node_reads:g}"),
+            (
+                "Node reads / node-minute (target <= 0.5)",
+                f"{node_reads / (args.nodes * args.minutes):.3f}",
+            ),
             (f"nodes with a lost GPU reflected ({args.lost} injected)", f"{lost_ok}"),
             ("lease renewal period (s)", f"{period_s}"),
             ("lease writes (API server MODIFIED events)", f"{sum(lease_writes.values())}"),

@@ -153,14 +153,44 @@ def test_first_apply_reads_then_writes_and_repeat_sends_nothing() -> None:
     for _ in range(20):
         clock.t += 30
         assert sink.apply(ls()) is False
-    # 20 x 30 s reaches the 600 s resync: one read, no write; before it, one cached
-    # UID read per reconcile (a re-created Node must be noticed), never a write.
-    assert [c for c in fake.calls if c != "uid"] == [
-        "get", "apply", "lease", "apply", "condition", "get"
-    ]  # fmt: skip
-    assert fake.calls.count("uid") == 19
+    # 20 x 30 s reaches the 600 s resync: one read, no write; before it, no read at all
+    # (a re-created Node is the heartbeat's to notice, with its one read per renewal).
+    assert fake.calls == ["get", "apply", "lease", "apply", "condition", "get"]
     assert writes(reg, "success") == 2 and writes(reg, "unchanged") == 20  # + fresh-since
     assert reg.get_sample_value("gpudaemon_last_reconcile_timestamp_seconds") == clock.t
+
+
+def test_steady_state_reads_the_node_at_most_once_per_lease_renewal() -> None:
+    """An hour at the default cadence (kube-retry every second, labels every 30 s, the
+    Lease every 120 s of its 360 s): the heartbeat's read is the only Node read, 0.5 a
+    node-minute, and it stands in for the 600 s resync (issue 19: was 2.6)."""
+    sink, fake, clock, _ = make()
+    sink.apply(ls())
+    sink.heartbeat()
+    fake.calls.clear()
+    for second in range(1, 3601):
+        clock.t += 1
+        sink.retry()
+        if second % 30 == 0:
+            assert sink.apply(ls()) is False
+        if second % 120 == 0:
+            assert sink.heartbeat() is True
+    reads = fake.calls.count("get") + fake.calls.count("uid")
+    assert reads == 30 and reads / 60 <= 0.5
+    assert "apply" not in fake.calls  # and not one write to the Node
+
+
+def test_labels_edited_under_us_are_noticed_by_the_heartbeat_and_written_again() -> None:
+    sink, fake, clock, _ = make()
+    sink.apply(ls())
+    sink.heartbeat()
+    fake.labels[P + "gpu.count"] = "1"  # someone's kubectl label --overwrite
+    clock.t += 120
+    assert sink.heartbeat() is True  # same Node, fresh data: still renewed
+    assert fake.labels[P + "gpu.count"] == "1"
+    clock.t += 1
+    assert sink.retry() is True  # kube-retry, a second later
+    assert fake.labels[P + "gpu.count"] == "8"
 
 
 def test_restarted_agent_rewrites_only_its_fresh_since_annotation() -> None:

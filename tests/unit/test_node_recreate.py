@@ -54,9 +54,12 @@ def recreatable_sink() -> tuple[Any, Recreatable, Any]:
     return sink, fake, clock
 
 
-def test_recreated_node_is_relabelled_and_lease_reowned_in_one_reconcile(
+def test_recreated_node_is_relabelled_and_lease_reowned_at_the_next_renewal(
     lines: list[tuple[str, str]],
 ) -> None:
+    """No-op reconciles do not read the Node (issue 19); the heartbeat's read, one per
+    renewal period, notices the new UID, and kube-retry relabels and re-owns a second
+    later."""
     sink, fake, clock = recreatable_sink()
     assert sink.apply(ls()) is True
     assert sink.heartbeat() is True
@@ -64,7 +67,12 @@ def test_recreated_node_is_relabelled_and_lease_reowned_in_one_reconcile(
     fake.recreate("u-2")
     clock.t += 30
     leases_before = len(fake.leases)
-    assert sink.apply(ls()) is True  # the very next reconcile
+    assert sink.apply(ls()) is False  # a no-op reconcile: no read, so not noticed yet
+    clock.t += 90
+    assert sink.heartbeat() is False  # the renewal tick reads the Node: a new UID
+    assert len(fake.leases) == leases_before  # never vouches for the new Node unwritten
+    clock.t += 1
+    assert sink.retry() is True
     assert fake.labels["gpudaemon.io/gpu.count"] == "8"
     assert len(fake.leases) == leases_before + 1
     assert fake.leases[-1]["owner"]["uid"] == "u-2"
@@ -152,13 +160,15 @@ def test_a_recreated_node_is_not_vouched_for_while_the_data_is_stale() -> None:
     sink.apply(ls())
     sink.heartbeat()
     fake.recreate("u-2")
-    fresh[0] = False  # NVML stuck: the labels may be written, the Lease not renewed
-    clock.t += 30
+    fresh[0] = False  # NVML stuck: the Lease is not renewed, so nothing reads the Node
+    clock.t += 120
     n = len(fake.leases)
-    assert sink.apply(ls()) is True
-    assert len(fake.leases) == n and sink.heartbeat() is False
+    assert sink.heartbeat() is False and len(fake.leases) == n
     fresh[0] = True
-    assert sink.heartbeat() is True and fake.leases[-1]["owner"]["uid"] == "u-2"
+    assert sink.heartbeat() is False  # fresh again: the read finds the new Node
+    clock.t += 1
+    assert sink.retry() is True and fake.leases[-1]["owner"]["uid"] == "u-2"
+    assert len(fake.leases) == n + 1
 
 
 def test_a_change_written_to_a_recreated_node_re_owns_the_lease(

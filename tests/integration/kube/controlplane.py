@@ -8,6 +8,7 @@ deploy/manifests/rbac.yaml grants (the tests apply exactly that file).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import ssl
 import subprocess
@@ -168,6 +169,25 @@ class ControlPlane:
         ctx = ssl._create_unverified_context()  # the CA file may not exist yet
         with urllib.request.urlopen(req, context=ctx, timeout=5) as r:
             return bool(r.status == 200)
+
+    def requests(self, resource: str, verbs: tuple[str, ...]) -> float:
+        """kube-apiserver's own count of requests (`apiserver_request_total`) for one
+        resource and some verbs (GET, LIST, WATCH, PATCH, APPLY, UPDATE...), summed over
+        codes: what the server really served, whoever asked."""
+        req = urllib.request.Request(
+            f"{self.server}/metrics", headers={"Authorization": "Bearer admin-token"}
+        )
+        ctx = ssl.create_default_context(cafile=str(self.ca))
+        with urllib.request.urlopen(req, context=ctx, timeout=30) as r:
+            text = r.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+            if labels.get("resource") == resource and labels.get("verb") in verbs:
+                total += float(line.rsplit(" ", 1)[1])
+        return total
 
     def stop_apiserver(self) -> None:
         if self.apiserver is not None and self.apiserver.poll() is None:
