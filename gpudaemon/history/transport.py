@@ -1,6 +1,11 @@
-"""The InfluxDB v2 write API over influxdb-client: the only module that imports
-influxdb_client. Its exceptions become InfluxWriteError with a `kind` that is also
-the writer's metric label."""
+"""The InfluxDB write endpoint (`POST /api/v2/write`, which InfluxDB 2.x and 1.8+
+serve) over urllib3. Failures become InfluxWriteError with a `kind` that is also the
+writer's metric label.
+
+Not through influxdb-client at run time: importing any part of it loads its whole
+generated API (10.5 MiB of RSS, an eighth of the agent's 80 MiB budget) for what is one
+POST of line protocol, which lines.py already makes. The tests still query InfluxDB
+with influxdb-client, so what the agent writes is read back by the official client."""
 
 from __future__ import annotations
 
@@ -8,10 +13,8 @@ import re
 import urllib.parse
 from typing import Protocol
 
+import urllib3
 import urllib3.exceptions
-from influxdb_client.client.influxdb_client import InfluxDBClient
-from influxdb_client.client.write_api import SYNCHRONOUS
-from influxdb_client.rest import ApiException
 
 from gpudaemon.errors import InfluxWriteError, http_failure_kind, root_cause, server_message
 
@@ -25,33 +28,48 @@ class Transport(Protocol):
 
 
 class ClientTransport:
-    """influxdb-client's synchronous write API, with its errors classified."""
+    """One synchronous POST per write, with its errors classified. The request is the
+    one influxdb-client's write API sends: the token as `Authorization: Token ...`
+    (InfluxDB 1.8 takes `user:password` there), org, bucket and precision=ms in the
+    query, line protocol as the body."""
 
     def __init__(self, url: str, token: str, org: str, bucket: str, timeout_ms: int) -> None:
-        self.bucket = bucket
-        self.org = org
+        query = urllib.parse.urlencode({"org": org, "bucket": bucket, "precision": "ms"})
+        self._url = f"{url.rstrip('/')}/api/v2/write?{query}"
+        self._headers = {
+            "Content-Type": "text/plain; charset=utf-8",
+            "Accept": "application/json",
+            "User-Agent": "gpudaemon",
+        }
+        if token:
+            self._headers["Authorization"] = f"Token {token}"
         # retries=False: a retry would block the history job past timeout_ms; the
-        # spool is our retry.
-        self._client = InfluxDBClient(
-            url=url, token=token, org=org, timeout=timeout_ms, retries=False
+        # spool is our retry. One connection: the history job is the only writer.
+        tls: dict[str, str] = {}
+        if url.startswith("https:"):
+            import certifi  # the CA bundle influxdb-client trusted (a kubernetes dependency)
+
+            tls["ca_certs"] = certifi.where()
+        self._pool = urllib3.PoolManager(
+            num_pools=1,
+            maxsize=1,
+            retries=False,
+            timeout=urllib3.Timeout(total=timeout_ms / 1000),
+            **tls,  # type: ignore[arg-type]
         )
-        self._api = self._client.write_api(write_options=SYNCHRONOUS)
 
     def write(self, body: bytes) -> None:
         try:
-            self._api.write(
-                bucket=self.bucket,
-                org=self.org,
-                record=body,
-                write_precision="ms",  # type: ignore[arg-type]
+            r = self._pool.request(
+                "POST", self._url, body=body, headers=self._headers, preload_content=True
             )
-        except ApiException as e:
-            raise _http_error(e.status, e.reason, getattr(e, "message", "")) from None
         except Exception as e:
             raise _transport_error(e) from None
+        if r.status >= 300:
+            raise _http_error(r.status, r.reason, r.data[: 1 << 20])
 
     def close(self) -> None:
-        self._client.close()  # type: ignore[no-untyped-call]
+        self._pool.clear()
 
 
 # The shared HTTP failure kinds, as this writer's metric labels (kept from before).

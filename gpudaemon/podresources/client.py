@@ -1,18 +1,19 @@
 """The one module that talks to the kubelet pod-resources API (v1 `List`).
 
 gRPC errors are wrapped into PodResourcesError here, so nothing else sees grpc types.
+grpc and the generated stubs are imported at the first call, that is once the kubelet's
+socket is there: grpc's core is ~11 MiB of RSS that an agent without the socket (a
+laptop, a node without the mount) never needs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-import grpc
+from typing import Any
 
 from gpudaemon.errors import PodResourcesError
 from gpudaemon.model import PodMap, PodRef
-from gpudaemon.podresources._gen import api_pb2, api_pb2_grpc
 
 # nvidia.com/gpu carries GPU UUIDs (or MIG UUIDs with the "single" MIG strategy);
 # the "mixed" strategy names one resource per MIG profile, nvidia.com/mig-1g.10gb.
@@ -33,6 +34,10 @@ class Assignment:
 
 def list_pod_resources(socket_path: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Assignment]:
     """Call List once on a fresh channel and flatten the answer to GPU assignments."""
+    import grpc
+
+    from gpudaemon.podresources._gen import api_pb2, api_pb2_grpc
+
     try:
         with grpc.insecure_channel(f"unix://{socket_path}") as channel:
             stub = api_pb2_grpc.PodResourcesListerStub(channel)
@@ -44,7 +49,8 @@ def list_pod_resources(socket_path: str, timeout_s: float = DEFAULT_TIMEOUT_S) -
     return list(_assignments(resp.pod_resources))
 
 
-def _assignments(pods: Iterable[api_pb2.PodResources]) -> Iterable[Assignment]:
+def _assignments(pods: Iterable[Any]) -> Iterable[Assignment]:
+    """From api_pb2.PodResources messages."""
     for pod in pods:
         for ctr in pod.containers:
             for dev in ctr.devices:

@@ -47,7 +47,8 @@ class Recording:
 
 
 class Rig:
-    """One in-process agent; `cycle()` is one telemetry poll plus one history run."""
+    """One in-process agent; `cycle()` is one telemetry poll, one energy read and one
+    history run (as with `schedules.energy` equal to the history schedule)."""
 
     def __init__(self, tmp: Path, url: str, db: str, clock: Clock, **influx: object) -> None:
         self.clock = clock
@@ -86,6 +87,7 @@ class Rig:
     def cycle(self) -> None:
         self.clock.t += PERIOD
         assert self.agent.poll_telemetry()
+        assert self.agent.run_job("energy")
         self.times.append(self.agent.cache.get().samples_at)
         assert self.agent.flush_history()  # a failing InfluxDB is not a failing job
 
