@@ -1,19 +1,33 @@
 """The one module that talks to the kubelet pod-resources API (v1 `List`).
 
-gRPC errors are wrapped into PodResourcesError here, so nothing else sees grpc types.
-grpc and the generated stubs are imported at the first call, that is once the kubelet's
-socket is there: grpc's core is ~11 MiB of RSS that an agent without the socket (a
-laptop, a node without the mount) never needs.
+One unary gRPC call over the kubelet's unix socket, spoken with h2 (HTTP/2) and the
+generated protobuf messages, not grpcio: grpc's core costs ~8.5 MiB of RSS (measured,
+docs/benchmarks.md), a tenth of the agent's budget, for one call every 10 s. Failures,
+including a gRPC status other than OK, become PodResourcesError here. The messages are
+imported at the first call, that is once the socket is there.
 """
 
 from __future__ import annotations
 
+import socket
+import struct
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from gpudaemon.errors import PodResourcesError
 from gpudaemon.model import PodMap, PodRef
+
+LIST_PATH = "/v1.PodResourcesLister/List"
+# A kubelet's answer for ~110 pods is a few KiB; anything near this is not a kubelet.
+MAX_RESPONSE_BYTES = 16 << 20
+_STATUS = {
+    0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED",
+    5: "NOT_FOUND", 6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED",
+    9: "FAILED_PRECONDITION", 10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED",
+    13: "INTERNAL", 14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED",
+}  # fmt: skip
 
 # nvidia.com/gpu carries GPU UUIDs (or MIG UUIDs with the "single" MIG strategy);
 # the "mixed" strategy names one resource per MIG profile, nvidia.com/mig-1g.10gb.
@@ -33,20 +47,136 @@ class Assignment:
 
 
 def list_pod_resources(socket_path: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Assignment]:
-    """Call List once on a fresh channel and flatten the answer to GPU assignments."""
-    import grpc
+    """Call List once on a fresh connection and flatten the answer to GPU assignments."""
+    from gpudaemon.podresources._gen import api_pb2
 
-    from gpudaemon.podresources._gen import api_pb2, api_pb2_grpc
-
+    request = api_pb2.ListPodResourcesRequest().SerializeToString()
     try:
-        with grpc.insecure_channel(f"unix://{socket_path}") as channel:
-            stub = api_pb2_grpc.PodResourcesListerStub(channel)
-            resp = stub.List(api_pb2.ListPodResourcesRequest(), timeout=timeout_s)
-    except grpc.RpcError as e:
-        code = e.code().name if hasattr(e, "code") else "UNKNOWN"
-        detail = e.details() if hasattr(e, "details") else str(e)
-        raise PodResourcesError(f"pod-resources List on {socket_path}: {code}: {detail}") from e
+        payload = _unary_call(socket_path, LIST_PATH, request, timeout_s)
+        resp = api_pb2.ListPodResourcesResponse.FromString(payload)
+    except _GrpcError as e:
+        raise PodResourcesError(f"pod-resources List on {socket_path}: {e}") from None
+    except Exception as e:  # a malformed message: DecodeError and kin
+        raise PodResourcesError(
+            f"pod-resources List on {socket_path}: INTERNAL: bad response: {e}"
+        ) from None
     return list(_assignments(resp.pod_resources))
+
+
+class _GrpcError(Exception):
+    """`CODE: detail`, as grpc names them."""
+
+
+def _unary_call(socket_path: str, path: str, request: bytes, timeout_s: float) -> bytes:
+    """One unary gRPC call over HTTP/2 on a unix socket: the response message's bytes."""
+    import h2.config
+    import h2.connection
+    import h2.events
+    import h2.exceptions
+
+    deadline = time.monotonic() + timeout_s
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError as e:
+        raise _GrpcError(f"UNAVAILABLE: {e}") from None
+    try:
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(socket_path)
+        except TimeoutError:
+            raise _GrpcError("DEADLINE_EXCEEDED: connect timed out") from None
+        except OSError as e:
+            raise _GrpcError(f"UNAVAILABLE: {e.strerror or e}") from None
+        conn = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
+        )
+        conn.initiate_connection()
+        stream = conn.get_next_available_stream_id()
+        conn.send_headers(
+            stream,
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", path),
+                (":authority", "localhost"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+                ("grpc-timeout", f"{max(1, int(timeout_s * 1000))}m"),
+                ("user-agent", "gpudaemon"),
+            ],
+        )
+        conn.send_data(stream, struct.pack(">BI", 0, len(request)) + request, end_stream=True)
+        sock.sendall(conn.data_to_send())
+        body = bytearray()
+        status: str | None = None
+        message = ""
+        ended = False
+        while not ended:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _GrpcError("DEADLINE_EXCEEDED: no answer in time")
+            sock.settimeout(left)
+            try:
+                data = sock.recv(65536)
+            except TimeoutError:
+                raise _GrpcError("DEADLINE_EXCEEDED: no answer in time") from None
+            except OSError as e:
+                raise _GrpcError(f"UNAVAILABLE: {e.strerror or e}") from None
+            if not data:
+                raise _GrpcError("UNAVAILABLE: the kubelet closed the connection")
+            try:
+                events = conn.receive_data(data)
+            except h2.exceptions.ProtocolError as e:
+                raise _GrpcError(f"INTERNAL: HTTP/2: {e}") from None
+            for ev in events:
+                if isinstance(ev, h2.events.ResponseReceived | h2.events.TrailersReceived):
+                    headers = _headers(ev.headers or [])
+                    if headers.get(":status", "200") != "200":
+                        raise _GrpcError(f"UNAVAILABLE: HTTP status {headers[':status']}")
+                    if "grpc-status" in headers:
+                        status = headers["grpc-status"]
+                        message = headers.get("grpc-message", "")
+                elif isinstance(ev, h2.events.DataReceived) and ev.stream_id == stream:
+                    body += ev.data or b""
+                    if len(body) > MAX_RESPONSE_BYTES:
+                        raise _GrpcError("RESOURCE_EXHAUSTED: response over 16 MiB")
+                    conn.acknowledge_received_data(ev.flow_controlled_length, stream)
+                elif isinstance(ev, h2.events.StreamEnded) and ev.stream_id == stream:
+                    ended = True
+                elif isinstance(ev, h2.events.StreamReset | h2.events.ConnectionTerminated):
+                    raise _GrpcError("UNAVAILABLE: the kubelet reset the call")
+            out = conn.data_to_send()
+            if out:
+                sock.sendall(out)
+    finally:
+        sock.close()
+    if status is None:
+        raise _GrpcError("INTERNAL: the answer carried no grpc-status")
+    if status != "0":
+        code = _STATUS.get(int(status) if status.isdigit() else -1, "UNKNOWN")
+        raise _GrpcError(f"{code}: {_unescape(message)}")
+    if len(body) < 5:
+        raise _GrpcError("INTERNAL: the answer carried no message")
+    flag, size = struct.unpack(">BI", bytes(body[:5]))
+    if flag != 0 or size != len(body) - 5:
+        raise _GrpcError("INTERNAL: a compressed or malformed message")
+    return bytes(body[5:])
+
+
+def _headers(pairs: Iterable[Any]) -> dict[str, str]:
+    return {
+        (k.decode() if isinstance(k, bytes) else str(k)): (
+            v.decode() if isinstance(v, bytes) else str(v)
+        )
+        for k, v in pairs
+    }
+
+
+def _unescape(message: str) -> str:
+    """grpc-message is percent-encoded."""
+    from urllib.parse import unquote
+
+    return unquote(message)
 
 
 def _assignments(pods: Iterable[Any]) -> Iterable[Assignment]:

@@ -144,3 +144,45 @@ def test_a_running_agent_labels_only_the_assigned_gpu_series(
     assert 'namespace="research"' in owned[0] and 'container="worker"' in owned[0]
     others = [ln for ln in power if ln not in owned]
     assert others and all(re.search(r'pod=""', ln) for ln in others)
+
+
+def test_an_answer_larger_than_the_http2_window_arrives_whole(kubelet: KubeletServer) -> None:
+    """HTTP/2 flow control: 3,000 pods are ~300 KiB, several 64 KiB windows, so the
+    client must grant more as it reads (a real gRPC server enforces it)."""
+    kubelet.servicer.pods = [
+        pod(f"pod-{i:05d}-{'x' * 40}", "ml", ("c", {"nvidia.com/gpu": [f"GPU-{i:08d}"]}))
+        for i in range(3000)
+    ]
+    got = list_pod_resources(str(kubelet.socket))
+    assert len(got) == 3000 and got[-1].device_id == "GPU-00002999"
+
+
+def test_a_kubelet_that_never_answers_is_a_deadline_not_a_hang(short_tmp: Path) -> None:
+    import socket
+
+    path = short_tmp / "silent.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(path))
+        s.listen(1)  # accepts, reads nothing, answers nothing
+        with pytest.raises(PodResourcesError, match="DEADLINE_EXCEEDED"):
+            list_pod_resources(str(path), timeout_s=0.5)
+
+
+def test_something_that_is_not_a_kubelet_is_one_error(short_tmp: Path) -> None:
+    import socket
+    import threading
+
+    path = short_tmp / "http1.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(path))
+        s.listen(1)
+
+        def answer() -> None:
+            c, _ = s.accept()
+            c.recv(1024)
+            c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            c.close()
+
+        threading.Thread(target=answer, daemon=True).start()
+        with pytest.raises(PodResourcesError, match="pod-resources List on"):
+            list_pod_resources(str(path), timeout_s=2)
