@@ -40,9 +40,10 @@ IMPORT_STEPS = (
     ("apscheduler, prometheus-client", "apscheduler, prometheus_client"),
     ("gpudaemon.config (the settings models)", "gpudaemon.config"),
     ("gpudaemon.app, gpudaemon.cli (wiring, HTTP server)", "gpudaemon.app, gpudaemon.cli"),
-    ("kubernetes (labels to the API server)", "gpudaemon.kube.nodelabels, kubernetes"),
+    ("API client in a pod (no kubernetes import)", "gpudaemon.kube.nodelabels"),
+    ("kubernetes (only with a kubeconfig)", "kubernetes"),
     ("history (urllib3 transport, SQLite spool)", "gpudaemon.history.writer"),
-    ("grpc (pod-resources socket present)", "grpc, gpudaemon.podresources._gen.api_pb2_grpc"),
+    ("pod-resources client (h2, protobuf)", "h2.connection, gpudaemon.podresources._gen.api_pb2"),
     ("pynvml (the module; nvmlInit is the allowance)", "pynvml"),
 )
 
@@ -76,23 +77,60 @@ def import_steps() -> list[tuple[str, float]]:
     return [(what, float(v)) for (what, _), v in zip(IMPORT_STEPS, out, strict=True)]
 
 
+# A pod's view: the service account's token and CA where the wrapper says they are
+# mounted, and the API server in the environment, as kubelet sets them.
+IN_CLUSTER = (
+    "import sys, pathlib, gpudaemon.incluster as ic\n"
+    "ic.SA_DIR = pathlib.Path(sys.argv.pop(1)); ic.SA_TOKEN = ic.SA_DIR / 'token'\n"
+    "from gpudaemon.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
 def run_agent(
-    cp: ControlPlane, influx: InfluxServer, db: str, tmp: Path, seconds: float, socket: str
+    cp: ControlPlane,
+    influx: InfluxServer,
+    db: str,
+    tmp: Path,
+    seconds: float,
+    socket: str,
+    in_cluster: bool,
 ) -> tuple[float, float, int]:
     port = free_port()
     node = f"mem-{port}"
     cp.create_node(node)
     cfg = tmp / f"{node}.yaml"
+    env: dict[str, str] = {}
+    if in_cluster:
+        sa = tmp / f"sa-{node}"
+        sa.mkdir()
+        (sa / "token").write_text("agent-token\n")
+        (sa / "ca.crt").write_bytes(Path(cp.ca).read_bytes())
+        host, _, api_port = cp.server.removeprefix("https://").rpartition(":")
+        env = {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": api_port}
+        kube = "{in_cluster: true}"
+    else:
+        kube = f"{{kubeconfig: '{cp.agent_kubeconfig}'}}"
     cfg.write_text(
         f"node_name: {node}\nsimulate: dgx-h100\n"
         f"metrics: {{listen: '127.0.0.1:{port}', pod_resources_socket: '{socket}'}}\n"
         "labels: {to: apiserver}\n"
-        f"kubernetes: {{kubeconfig: '{cp.agent_kubeconfig}'}}\n"
+        f"kubernetes: {kube}\n"
         f"influxdb: {{url: '{influx.url}', bucket: '{db}/autogen',"
         f" spool_dir: '{tmp / node}'}}\n"
         "schedules: {telemetry: '* * * * * *', history: '*/10 * * * * *'}\n"
     )
-    proc = start_agent(["run", "--config", str(cfg)], log=tmp / f"{node}.log")
+    args = ["run", "--config", str(cfg)]
+    if in_cluster:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", IN_CLUSTER, str(tmp / f"sa-{node}"), *args],
+            env={**os.environ, **env},
+            stdout=open(tmp / f"{node}.log", "wb"),  # noqa: SIM115 - the child's
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+    else:
+        proc = start_agent(args, log=tmp / f"{node}.log")
     try:
         try:
             wait_for(
@@ -134,18 +172,23 @@ def main() -> int:
             cp.apply_manifest(RBAC)
             influx.start()
             db = influx.create_database("mem")
-            no_sock = run_agent(cp, influx, db, tmp, args.seconds, str(tmp / "absent.sock"))
-            sock = run_agent(cp, influx, db, tmp, args.seconds, str(tmp / "kubelet.sock"))
+            absent, present = str(tmp / "absent.sock"), str(tmp / "kubelet.sock")
+            runs = [
+                ("kubeconfig, no kubelet socket", absent, False),
+                ("in a pod (service account), no kubelet socket", absent, True),
+                ("in a pod, kubelet socket (pod attribution on)", present, True),
+            ]
+            results = [
+                (name, run_agent(cp, influx, db, tmp, args.seconds, sock, pod))
+                for name, sock, pod in runs
+            ]
         finally:
             kubelet.stop()
             influx.stop()
             cp.stop()
     steps = import_steps()
     rows = []
-    for name, (rss, peak, series) in (
-        ("no kubelet socket", no_sock),
-        ("kubelet socket (grpc loaded)", sock),
-    ):
+    for name, (rss, peak, series) in results:
         real = rss + NVML_INIT_MIB
         rows.append(
             (
