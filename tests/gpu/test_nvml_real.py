@@ -37,13 +37,45 @@ def test_inventory_matches_nvidia_smi(backend: NvmlBackend) -> None:
     # one is a broken install to report, not a comparison to skip (issue 23).
     smi = shutil.which("nvidia-smi")
     assert smi, "NVML answers but nvidia-smi is not on PATH: cannot compare with it"
+    rows = _smi(smi, "uuid,name,memory.total,driver_version,compute_cap")
+    assert [r[0] for r in rows] == [g.uuid for g in inv.gpus]
+    for r, g in zip(rows, inv.gpus, strict=True):
+        assert r[1] == g.name, (r, g)
+        assert int(r[2]) == g.memory_total_mib, (r, g)  # MiB, both from the driver
+        assert r[3] == inv.driver_version, (r, inv.driver_version)
+        assert r[4] == "{}.{}".format(*g.compute_capability), (r, g)
+
+
+def test_readings_agree_with_nvidia_smi_taken_at_the_same_moment(backend: NvmlBackend) -> None:
+    """Teeth for the comparison (issue 19): a reading that disagrees with nvidia-smi
+    beyond what two reads a few milliseconds apart can differ by fails the test."""
+    smi = shutil.which("nvidia-smi")
+    assert smi, "NVML answers but nvidia-smi is not on PATH: cannot compare with it"
+    backend.inventory()
+    ours = backend.sample()
+    rows = _smi(smi, "uuid,temperature.gpu,memory.used,power.draw,clocks.mem")
+    assert [r[0] for r in rows] == [s.uuid for s in ours]
+    for r, s in zip(rows, ours, strict=True):
+        temp, used_mib, power_w, memclk = r[1:]
+        if s.temperature_celsius is not None:
+            assert abs(float(temp) - s.temperature_celsius) <= 3, (r, s)
+        assert s.memory_used_bytes is not None
+        assert abs(float(used_mib) - s.memory_used_bytes / 2**20) <= 512, (r, s)
+        if s.power_watts is not None and power_w not in ("[N/A]", "N/A"):
+            assert abs(float(power_w) - s.power_watts) <= max(30.0, 0.2 * s.power_watts), (r, s)
+        if s.memory_clock_hertz is not None:
+            assert abs(float(memclk) - s.memory_clock_hertz / 1e6) <= 50, (r, s)
+
+
+def _smi(smi: str, fields: str) -> list[list[str]]:
     out = subprocess.run(
-        [smi, "--query-gpu=uuid,name", "--format=csv,noheader"],
+        [smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
         capture_output=True,
         text=True,
         check=True,
+        timeout=60,
     ).stdout
-    assert [line.split(", ")[0] for line in out.strip().splitlines()] == [g.uuid for g in inv.gpus]
+    return [[c.strip() for c in line.split(",")] for line in out.strip().splitlines()]
 
 
 def test_sample_has_sane_units(backend: NvmlBackend) -> None:
@@ -60,12 +92,14 @@ def test_sample_has_sane_units(backend: NvmlBackend) -> None:
 def test_energy_counter_increases(backend: NvmlBackend) -> None:
     import time
 
-    a = backend.sample()[0].energy_joules_total
+    backend.inventory()
+    a = backend.energy()[0]  # its own schedule: not part of sample() (issue 19)
     time.sleep(1.0)
-    b = backend.sample()[0].energy_joules_total
+    b = backend.energy()[0]
     if a is None:
-        pytest.skip("energy counter not supported on this GPU")
+        pytest.skip("energy counter not supported on this GPU (older than Volta)")
     assert b is not None and b > a
+    assert backend.sample()[0].energy_joules_total is None  # never on the hot path
 
 
 def test_labels_from_real_hardware_are_valid(backend: NvmlBackend) -> None:
