@@ -1,4 +1,6 @@
-"""The command line: run, probe, version. Bad input is one line on stderr and exit 2."""
+"""The command line: run, probe, extender, status, version. Bad input is one line on
+stderr and exit 2. Installed as `kubectl-gpudaemon` too, so `kubectl gpudaemon status`
+works."""
 
 from __future__ import annotations
 
@@ -68,6 +70,20 @@ def build_parser() -> argparse.ArgumentParser:
     ext.add_argument("--log-json", action="store_true", help="log one JSON object per line")
     ext.add_argument("--log-level", metavar="LEVEL", help="TRACE, DEBUG, INFO, WARNING, ERROR")
 
+    st = sub.add_parser(
+        "status", help="free and healthy GPUs per node, from the API server (no agent needed)"
+    )
+    st.add_argument("--config", metavar="FILE", help="YAML configuration file (labels.prefix)")
+    st.add_argument(
+        "--kubeconfig", metavar="FILE", help="default: $KUBECONFIG, then ~/.kube/config"
+    )
+    st.add_argument("-l", "--selector", default="", help="label selector for the nodes")
+    st.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    st.add_argument("--prefix", help="label prefix (default gpudaemon.io/)")
+    st.add_argument(
+        "--pool-label", default="", help="node-pool label (default: GKE, EKS, AKS, Karpenter)"
+    )
+
     sub.add_parser("version", help="print the version")
     return p
 
@@ -81,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _probe(args)
         if args.command == "extender":
             return _extender(args)
+        if args.command == "status":
+            return _status(args)
         if args.command == "version":
             print(f"gpudaemon {__version__}")
             return 0
@@ -114,6 +132,10 @@ _EXTENDER_FLAGS: Flags = {
     "listen": ("extender", "listen"),
     "policy": ("extender", "policy"),
     **_LOG_FLAGS,
+}
+_STATUS_FLAGS: Flags = {
+    "kubeconfig": ("kubernetes", "kubeconfig"),
+    "prefix": ("labels", "prefix"),
 }
 _PROBE_FLAGS: Flags = {
     "simulate": ("simulate",),
@@ -238,4 +260,39 @@ def _probe(args: argparse.Namespace) -> int:
     print("annotations:")
     for k, v in ls.annotations.items():
         print(f"  {k}={v[:100]}{'...' if len(v) > 100 else ''} ({len(v)} bytes)")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from gpudaemon.config import load_config
+    from gpudaemon.kube.client import KubeClient, find_credentials
+    from gpudaemon.labels.sanitize import validate_prefix
+    from gpudaemon.logsetup import setup_logging
+    from gpudaemon.status import as_json, as_table, collect
+
+    setup_logging("WARNING")
+    if args.prefix is not None:
+        try:
+            validate_prefix(args.prefix)
+        except ValueError as e:
+            raise UsageError(f"--prefix: {e}") from None
+    cfg = load_config(args.config, overrides=_overrides(args, _STATUS_FLAGS))
+    k = cfg.kubernetes
+    creds = find_credentials(k.kubeconfig, bool(k.in_cluster))
+    if creds is None:
+        raise UsageError("no kubeconfig ($KUBECONFIG, ~/.kube/config or --kubeconfig)")
+    client = KubeClient.from_credentials(creds, k.request_timeout_seconds)
+    try:
+        rows = collect(
+            client,
+            prefix=cfg.labels.prefix,
+            lease_namespace=k.lease_namespace,
+            selector=args.selector,
+            pool_label=args.pool_label,
+        )
+    finally:
+        client.close()
+    print(as_json(rows) if args.output == "json" else as_table(rows), end="")
+    if args.output == "json":
+        print()
     return 0

@@ -1,0 +1,140 @@
+"""`gpudaemon status` against a real API server with four nodes run by real simulated
+agents (issue 18): one with a lost GPU, one whose agent was stopped, GPU pods bound on
+two. Total, healthy, allocated, free and fresh per node are checked in the JSON, and the
+table shows the same numbers."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.kube.conftest import control_plane as control_plane
+from tests.integration.kube.controlplane import ControlPlane
+from tests.support import run_cli, start_agent, stop, wait_for
+
+pytestmark = pytest.mark.integration
+
+LOST_GPU5 = """driver_version: "550.54.15"
+cuda_version: "12.4"
+gpus:
+  - {name: NVIDIA H100 80GB HBM3, memory_total_mib: 81559, compute_capability: "9.0", count: 8}
+faults: [{kind: lost, gpu: 5}]
+"""
+
+
+def bound_pod(cp: ControlPlane, node: str, gpus: int) -> None:
+    cp.admin.request(
+        "POST",
+        "/api/v1/namespaces/default/pods",
+        body={
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{node}-{uuid.uuid4().hex[:6]}"},
+            "spec": {
+                "nodeName": node,
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "example.invalid/x",
+                        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                    }
+                ],
+            },
+        },
+    )
+
+
+@pytest.fixture
+def fleet(control_plane: ControlPlane, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    cp = control_plane
+    tag = uuid.uuid4().hex[:6]
+    names = {k: f"st-{tag}-{k}" for k in ("busy", "lost", "stopped", "idle")}
+    (tmp_path / "profile-lost.yaml").write_text(LOST_GPU5)
+    procs = {}
+    for kind, node in names.items():
+        cp.create_node(node, {"status-test": tag})
+        cfg = tmp_path / f"{kind}.yaml"
+        cfg.write_text(
+            f"node_name: {node}\n"
+            f"simulate: {tmp_path / 'profile-lost.yaml' if kind == 'lost' else 'dgx-h100'}\n"
+            "metrics: {listen: '127.0.0.1:0'}\n"
+            "labels: {to: apiserver}\n"
+            f"kubernetes: {{kubeconfig: '{cp.agent_kubeconfig}', lease_duration_seconds: 10}}\n"
+            "schedules: {telemetry: '* * * * * *', labels: '*/2 * * * * *'}\n"
+        )
+        procs[kind] = start_agent(["run", "--config", str(cfg)], log=tmp_path / f"{kind}.log")
+    try:
+        for kind, node in names.items():
+            wait_for(lambda n=node: cp.lease(n), timeout=60, what=f"{kind} agent's Lease")
+        wait_for(
+            lambda: (
+                cp.node(names["lost"])["metadata"]["labels"].get("gpudaemon.io/gpu.healthy") == "7"
+            ),
+            timeout=60,
+            what="the lost GPU in the labels",
+        )
+        bound_pod(cp, names["busy"], 3)
+        bound_pod(cp, names["busy"], 1)
+        bound_pod(cp, names["lost"], 2)
+        stop(procs["stopped"])
+        yield {"tag": tag, "names": names, "cp": cp}
+    finally:
+        for p in procs.values():
+            stop(p)
+
+
+def status(cp: ControlPlane, *args: str) -> Any:
+    p = run_cli("status", "--kubeconfig", str(cp.admin_kubeconfig), *args)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+def test_status_gives_the_right_numbers_per_node(fleet: dict[str, Any]) -> None:
+    cp, names, tag = fleet["cp"], fleet["names"], fleet["tag"]
+
+    def stale() -> Any:
+        out = json.loads(status(cp, "-o", "json", "-l", f"status-test={tag}"))
+        rows = {r["name"]: r for r in out["nodes"]}
+        return out if not rows[names["stopped"]]["fresh"] else None
+
+    out = wait_for(stale, timeout=60, interval=1, what="the stopped agent's Lease to expire")
+    rows = {r["name"]: r for r in out["nodes"]}
+    assert set(rows) == set(names.values())
+    got = {
+        k: (rows[n]["total"], rows[n]["healthy"], rows[n]["allocated"], rows[n]["free"],
+            rows[n]["fresh"])
+        for k, n in names.items()
+    }  # fmt: skip
+    assert got == {
+        "busy": (8, 8, 4, 4, True),
+        "lost": (8, 7, 2, 5, True),  # the lost GPU is neither free nor healthy
+        "stopped": (8, 8, 0, 8, False),
+        "idle": (8, 8, 0, 8, True),
+    }
+    assert rows[names["lost"]]["unhealthy"] == [{"index": 5, "reason": "gpu lost"}]
+    assert rows[names["busy"]]["product"] == "NVIDIA-H100-80GB-HBM3"
+    assert rows[names["stopped"]]["age_s"] > 10 and rows[names["idle"]]["age_s"] < 10
+    (summary,) = out["summary"]
+    assert (summary["nodes"], summary["stale_nodes"], summary["total"]) == (4, 1, 32)
+    assert (summary["healthy"], summary["allocated"], summary["free"]) == (31, 6, 17)
+
+    table = status(cp, "-l", f"status-test={tag}")
+    lines = {ln.split()[0]: ln.split() for ln in table.splitlines() if ln.startswith("st-")}
+    for k, n in names.items():
+        total, healthy, allocated, free, fresh = got[k]
+        assert lines[n][2:7] == [str(total), str(healthy), str(allocated), str(free),
+                                 "yes" if fresh else "NO"]  # fmt: skip
+    assert "5: gpu lost" in table
+
+
+def test_status_without_a_kubeconfig_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent")
+    monkeypatch.setenv("HOME", "/nonexistent")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    p = run_cli("status")
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
