@@ -17,6 +17,7 @@ from datetime import UTC
 from typing import Any
 
 from gpudaemon.extender.cluster import ClusterState
+from gpudaemon.extender.metrics import node_gpus
 from gpudaemon.extender.podspec import GPU_RESOURCE
 from gpudaemon.kube.client import KubeClient
 from gpudaemon.kube.lease import lease_path, parse_time
@@ -94,14 +95,14 @@ def collect(
         st = snap.states[name]
         assert st is not None
         labels = (node.get("metadata") or {}).get("labels") or {}
-        total = _int(labels.get(prefix + "gpu.count"), st.gpus_allocatable)
+        total, healthy = node_gpus(st)
         at = renewed.get(name)
         rows.append(
             NodeRow(
                 name=name,
                 product=st.gpu_model,
                 total=total,
-                healthy=_int(labels.get(prefix + "gpu.healthy"), total - st.gpus_unhealthy),
+                healthy=healthy,
                 allocated=st.gpus_requested,
                 free=st.gpus_free,
                 fresh=snap.fresh[name],
@@ -207,10 +208,3 @@ def _pool(labels: Mapping[str, Any], pool_label: str) -> str:
         if key in labels:
             return str(labels[key])
     return ""
-
-
-def _int(v: object, default: int) -> int:
-    try:
-        return int(str(v))
-    except (TypeError, ValueError):
-        return default

@@ -21,7 +21,7 @@ from gpudaemon.errors import ConfigError
 from gpudaemon.extender.api import ExtenderApi
 from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.extender.informer import ListWatchClient, Reflector
-from gpudaemon.extender.metrics import CacheCollector
+from gpudaemon.extender.metrics import CacheCollector, NodeCollector
 from gpudaemon.extender.pods import PendingPods, PodVerifier
 from gpudaemon.extender.policies import Policy, build_policies, policy_spec
 from gpudaemon.httpserver import (
@@ -133,6 +133,7 @@ class Extender:
             verifier=self.verifier,
         )
         self.registry.register(CacheCollector(self.sizes, self.cache_ages))
+        self.registry.register(NodeCollector(self.cluster))
         limits: dict[str, Any] = {
             "name": "extender",
             "threads": ext.threads,

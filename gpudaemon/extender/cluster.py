@@ -182,6 +182,7 @@ class ClusterState:
             memory_allocatable_bytes=int(_q(alloc.get("memory"))),
             utilization_ratio=_mean_utilization((meta.get("annotations") or {}).get(p + "gpus")),
             has_agent_labels=has_agent,
+            gpus_total=count,
         )
         self._node_uids[name] = str(meta.get("uid", ""))
         self._states.pop(name, None)
@@ -338,6 +339,13 @@ class ClusterState:
         with self._lock:
             get = self._fresh_until.get
             return {n: now < get(n, _NEVER) for n in names}
+
+    def gpu_node_names(self) -> list[str]:
+        """Nodes with GPUs: an agent labelled them or they have nvidia.com/gpu."""
+        with self._lock:
+            return sorted(
+                n for n, st in self._nodes.items() if st.has_agent_labels or st.gpus_allocatable
+            )
 
     def sizes(self) -> dict[str, int]:
         with self._lock:

@@ -4,12 +4,17 @@ and the caches' sizes and ages (a watch that silently stopped shows as a growing
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+if TYPE_CHECKING:
+    from gpudaemon.extender.cluster import ClusterState
+
 from gpudaemon.extender.pods import REASONS
+from gpudaemon.extender.state import NodeState
 
 # Sub-millisecond to the scheduler's usual 5 s httpTimeout.
 _BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -63,6 +68,52 @@ class ExtenderMetrics:
             self.filter_nodes.labels(r)
         for v in ("filter", "prioritize"):
             self.request_seconds.labels(v)
+
+
+def node_gpus(st: NodeState) -> tuple[int, int]:
+    """(total, healthy) GPUs of a node: the agent's count, else what the node offers.
+    Shared with `gpudaemon status`, so the dashboard and the command agree."""
+    total = st.gpus_total if st.has_agent_labels else st.gpus_allocatable
+    return total, max(0, total - st.gpus_unhealthy)
+
+
+class NodeCollector(Collector):
+    """Per GPU node, at scrape time from the caches: GPUs by kind and freshness, the
+    figures of `gpudaemon status`, for the fleet dashboard. One series per node and
+    kind: 25,000 at 5,000 nodes, built in milliseconds from memory."""
+
+    def __init__(self, cluster: ClusterState) -> None:
+        self.cluster = cluster
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        gpus = GaugeMetricFamily(
+            "gpudaemon_extender_node_gpus",
+            "GPUs of a node by kind: total (the agent's count), healthy, allocated (bound "
+            "pods' requests), free (allocatable - allocated - unhealthy).",
+            labels=["node", "kind"],
+        )
+        fresh = GaugeMetricFamily(
+            "gpudaemon_extender_node_fresh",
+            "1 while the node's agent Lease is unexpired and owned by this Node, else 0.",
+            labels=["node"],
+        )
+        names = self.cluster.gpu_node_names()
+        snap = self.cluster.snapshot(names)
+        for name in names:
+            st = snap.states.get(name)
+            if st is None:
+                continue
+            total, healthy = node_gpus(st)
+            for kind, v in (
+                ("total", total),
+                ("healthy", healthy),
+                ("allocated", st.gpus_requested),
+                ("free", st.gpus_free),
+            ):
+                gpus.add_metric([name, kind], v)
+            fresh.add_metric([name], 1 if snap.fresh.get(name) else 0)
+        yield gpus
+        yield fresh
 
 
 class CacheCollector(Collector):

@@ -42,6 +42,7 @@ class NodeState:
     memory_requested_bytes: int = 0
     utilization_ratio: float | None = None  # mean over GPUs, from the `gpus` annotation
     has_agent_labels: bool = True
+    gpus_total: int = 0  # the agent's `gpu.count` (0: no agent labels)
     # Healthy free GPUs. An unhealthy GPU may be one a pod holds or a free one;
     # counting it as free would overcommit a dead device, so it is subtracted.
     gpus_free: int = field(init=False, compare=False)
