@@ -81,12 +81,15 @@ def collect(
     nodes, _ = client.list_items("/api/v1/nodes", query)
     gpu_nodes = [n for n in nodes if _is_gpu_node(n, prefix)]
     leases, _ = client.list_items(lease_path(lease_namespace))
-    pods, _ = client.list_items("/api/v1/pods", {"fieldSelector": f"spec.nodeName!=,{TERMINAL}"})
     wall = now if now is not None else time.time()
     cluster = ClusterState(prefix, wall=lambda: wall)
     cluster.replace_nodes(gpu_nodes)
     cluster.replace_leases(leases)
-    cluster.replace_pods(pods)
+    # Page by page into the usage counts: a big cluster's pods are never all in memory.
+    query = {"fieldSelector": f"spec.nodeName!=,{TERMINAL}"}
+    for page, _ in client.pages("/api/v1/pods", query):
+        for pod in page:
+            cluster.pod_event("ADDED", pod)
     names = [str(n["metadata"]["name"]) for n in gpu_nodes]
     snap = cluster.snapshot(names)
     renewed = {str((le.get("metadata") or {}).get("name", "")): _renewed(le) for le in leases}

@@ -243,6 +243,17 @@ class KubeClient:
         one consistent snapshot; an expired continue token is a 410 (KubeGoneError),
         which the reflector answers by listing again."""
         items: list[dict[str, Any]] = []
+        version = ""
+        for page, page_version in self.pages(path, query, page_size):
+            items += page
+            version = page_version
+        return items, version
+
+    def pages(
+        self, path: str, query: Mapping[str, str] | None = None, page_size: int = LIST_PAGE
+    ) -> Iterator[tuple[list[dict[str, Any]], str]]:
+        """(items, resourceVersion) page by page, for a reader that need not hold the
+        whole collection (a cluster's pods) at once."""
         base = dict(query or {})
         if page_size > 0:
             base["limit"] = str(page_size)
@@ -250,11 +261,14 @@ class KubeClient:
         while True:
             q = {**base, "continue": cont} if cont else base
             out = self.request("GET", path, query=q)
-            items += [i for i in out.get("items") or [] if isinstance(i, dict)]
             meta = out.get("metadata") or {}
+            yield (
+                [i for i in out.get("items") or [] if isinstance(i, dict)],
+                str(meta.get("resourceVersion") or ""),
+            )
             cont = str(meta.get("continue") or "")
             if not cont:
-                return items, str(meta.get("resourceVersion") or "")
+                return
 
     def watch(
         self,

@@ -6,7 +6,7 @@ tests/integration/status/."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -51,6 +51,13 @@ class FakeClient:
     ) -> tuple[list[dict[str, Any]], str]:
         key = "leases" if "leases" in path else path
         return list(self.objs[key]), "1"
+
+    def pages(
+        self, path: str, query: Mapping[str, str] | None = None
+    ) -> Iterator[tuple[list[dict[str, Any]], str]]:
+        items, rv = self.list_items(path, query)
+        for i in range(0, len(items), 2):  # pages of two
+            yield items[i : i + 2], rv
 
 
 def rows() -> list[Any]:
