@@ -36,7 +36,7 @@ from pydantic_settings.sources.utils import parse_env_vars
 from gpudaemon.errors import ConfigError, CronError, UsageError
 from gpudaemon.incluster import SA_TOKEN
 from gpudaemon.labels.sanitize import DEFAULT_PREFIX, validate_prefix
-from gpudaemon.schedule import parse_cron
+from gpudaemon.schedule import CRON_PATTERN, parse_cron
 from gpudaemon.textfile import MIB, check_regular_file, read_text_file
 
 ENV_PREFIX = "GPUDAEMON_"
@@ -147,22 +147,31 @@ Switch = Annotated[bool, BeforeValidator(_not_number)]
 LABEL_OUTPUTS = ("apiserver", "stdout", "nfd", "none")
 
 
+# The cron form in the JSON schema too (the Helm chart's values schema): `helm install`
+# refuses what the agent would (schedule.py: check_cron_form; the range order is the
+# chart template's check).
+Cron = Annotated[str, Field(json_schema_extra={"pattern": CRON_PATTERN})]
+CronOrNone = Annotated[
+    str, Field(json_schema_extra={"pattern": "^(?:none|" + CRON_PATTERN[1:-1] + ")$"})
+]
+
+
 class Schedules(_Section):
     # 5 s telemetry matches a 15-30 s Prometheus scrape with headroom, at ~0.1% CPU.
-    telemetry: str = "*/5 * * * * *"
+    telemetry: Cron = "*/5 * * * * *"
     # Inventory (models, MIG layout, driver) changes rarely; 5 min bounds detection lag.
-    inventory: str = "0 */5 * * * *"
+    inventory: Cron = "0 */5 * * * *"
     # Label reconcile; it writes only on change, so running often is cheap.
-    labels: str = "*/30 * * * * *"
+    labels: Cron = "*/30 * * * * *"
     # History flush to InfluxDB: 10 s resolution is plenty for capacity planning.
-    history: str = "*/10 * * * * *"
+    history: Cron = "*/10 * * * * *"
     # Pod attribution (kubelet pod-resources List): pods start in seconds, so 10 s
     # keeps the pod label close to the truth for one cheap local gRPC call.
-    pods: str = "*/10 * * * * *"
+    pods: Cron = "*/10 * * * * *"
     # The energy counter (gpu_energy_joules_total): ~3.9 ms per read on an H100, 100x a
     # whole telemetry sample, so its own schedule; 30 s suits rate() over the usual 2-5
     # min windows at 0.1% of a core for 8 GPUs. "none" turns it off.
-    energy: str = "*/30 * * * * *"
+    energy: CronOrNone = "*/30 * * * * *"
 
     @field_validator("telemetry", "inventory", "labels", "history", "pods", "energy")
     @classmethod

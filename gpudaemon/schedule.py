@@ -52,8 +52,72 @@ def _dow(field_: str) -> str:
     return ",".join(parts)
 
 
+# The cron form every schedule must have, checked before APScheduler sees it, and given
+# as-is to the Helm chart's values schema (Go's RE2 and Python's re read it the same),
+# so `helm install` refuses what the agent would refuse: five crontab fields, or six
+# with seconds first; each field `*` or `*/step` (at most the field's span), values in
+# range, ranges a-b, lists; month and weekday names in lower case. What a pattern cannot
+# say, a range that runs backwards, is `backward_range` (the chart's template makes the
+# same check). tests/property/test_cron_form.py holds the form to what APScheduler runs.
+def _field(value: str, step: str) -> str:
+    item = rf"(?:\*(?:/{step})?|{value}(?:-{value})?)"
+    return rf"{item}(?:,{item})*"
+
+
+# A step only after `*`, and at most the field's span (APScheduler refuses a larger one).
+_STEP_59 = r"(?:[1-9]|[1-5][0-9])"
+_SEC = _field(r"[0-5]?[0-9]", _STEP_59)
+_HOUR = _field(r"(?:[01]?[0-9]|2[0-3])", r"(?:[1-9]|1[0-9]|2[0-3])")
+_DOM = _field(r"(?:0?[1-9]|[12][0-9]|3[01])", r"(?:[1-9]|[12][0-9]|30)")
+_MONTH = _field(
+    r"(?:0?[1-9]|1[0-2]|jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)", r"(?:[1-9]|1[01])"
+)
+_DOW = _field(r"(?:[0-7]|sun|mon|tue|wed|thu|fri|sat)", r"[1-6]")
+CRON_PATTERN = rf"^\s*(?:{_SEC}\s+)?{_SEC}\s+{_HOUR}\s+{_DOM}\s+{_MONTH}\s+{_DOW}\s*$"
+_CRON_RE = re.compile(CRON_PATTERN)
+_NAMES = {
+    n: i
+    for names in (
+        ("sun", "mon", "tue", "wed", "thu", "fri", "sat"),
+        ("", "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"),
+    )
+    for i, n in enumerate(names)
+    if n
+}
+
+
+def backward_range(expr: str) -> str | None:
+    """The first range that runs backwards (`5-3`, `fri-mon`), else None."""
+    for a, b in re.findall(r"([0-9a-z]+)-([0-9a-z]+)", expr):
+        lo, hi = (int(x) if x.isdigit() else _NAMES.get(x, -1) for x in (a, b))
+        if lo > hi:
+            return f"{a}-{b}"
+    return None
+
+
+def check_cron_form(expr: str) -> None:
+    """CronError, one line, when `expr` is not of the cron form the docs describe."""
+    n = len(expr.split())
+    if n not in (5, 6):
+        raise CronError(
+            f"invalid cron expression {expr!r}: expected 5 fields "
+            f"(min hour day month weekday) or 6 (sec min hour day month weekday), got {n}"
+        )
+    if not _CRON_RE.fullmatch(expr):
+        raise CronError(
+            f"invalid cron expression {expr!r}: a field is out of range or malformed "
+            "(sec 0-59, min 0-59, hour 0-23, day 1-31, month 1-12 or jan-dec, weekday 0-7 "
+            "or sun-sat, names in lower case; each `*` or `*/step`, a value, a range a-b, or a "
+            "list a,b)"
+        )
+    backwards = backward_range(expr)
+    if backwards:
+        raise CronError(f"invalid cron expression {expr!r}: the range {backwards} runs backwards")
+
+
 def parse_cron(expr: str, timezone: tzinfo | str = "UTC") -> CronTrigger:
     """Five fields (minute-resolution crontab) or six with seconds first."""
+    check_cron_form(expr)
     fields = expr.split()
     if len(fields) == 5:
         second, (minute, hour, day, month, dow) = "0", fields

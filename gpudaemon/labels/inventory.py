@@ -43,6 +43,11 @@ class InventoryLabeler:
                 "gpu.product": g.name,
                 "gpu.family": family(major, minor),
                 "gpu.memory": min(p.memory_total_mib for p in primary),
+                # Every GPU has at least this much: what `Gt` means on a mixed node.
+                "gpu.memory.min": min(
+                    (x.memory_total_mib for x in inv.gpus if x.memory_total_mib > 0),
+                    default=min(p.memory_total_mib for p in primary),
+                ),
                 "gpu.compute.major": major,
                 "gpu.compute.minor": minor,
             }

@@ -19,10 +19,11 @@ BRIEF_LABELS = {
     "gpu.memory",
     "gpu.compute.major",
     "gpu.compute.minor",
-    "driver.major",
-    "driver.minor",
     "cuda.driver.major",
     "cuda.driver.minor",
+    "cuda.driver.rev",
+    "cuda.runtime.major",
+    "cuda.runtime.minor",
     "gpu.healthy",
     "mig.capable",
     "mig.enabled",
@@ -41,8 +42,8 @@ def test_dgx_h100_labels() -> None:
     assert ls.labels[P + "gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     assert ls.labels[P + "gpu.count"] == "8" and ls.labels[P + "gpu.healthy"] == "8"
     assert ls.labels[P + "gpu.memory"] == "81559" and ls.labels[P + "gpu.family"] == "hopper"
-    assert (ls.labels[P + "driver.major"], ls.labels[P + "driver.minor"]) == ("550", "54")
-    assert (ls.labels[P + "cuda.driver.major"], ls.labels[P + "cuda.driver.minor"]) == ("12", "4")
+    assert (ls.labels[P + "cuda.driver.major"], ls.labels[P + "cuda.driver.minor"]) == ("550", "54")
+    assert (ls.labels[P + "cuda.runtime.major"], ls.labels[P + "cuda.runtime.minor"]) == ("12", "4")
     assert ls.labels[P + "mig.enabled"] == "false"
     gpus = json.loads(ls.annotations[P + "gpus"])
     assert [g["index"] for g in gpus] == list(range(8))
@@ -177,3 +178,36 @@ def test_decoding_skips_foreign_entries_and_refuses_non_lists() -> None:
         decode_gpus('{"index": 0}')
     with pytest.raises(ValueError):
         decode_gpus("not json")
+
+
+# What GPU Feature Discovery writes for eight H100 SXM5 80GB on driver 550.54.15 / CUDA
+# 12.4 (its README's label list and meanings: gpu.product with spaces as dashes, memory in
+# MiB, family from the compute capability, cuda.driver.* the driver version, cuda.runtime.*
+# the CUDA version).
+GFD_DGX_H100 = {
+    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+    "nvidia.com/gpu.count": "8",
+    "nvidia.com/gpu.memory": "81559",
+    "nvidia.com/gpu.family": "hopper",
+    "nvidia.com/gpu.compute.major": "9",
+    "nvidia.com/gpu.compute.minor": "0",
+    "nvidia.com/cuda.driver.major": "550",
+    "nvidia.com/cuda.driver.minor": "54",
+    "nvidia.com/cuda.driver.rev": "15",
+    "nvidia.com/cuda.runtime.major": "12",
+    "nvidia.com/cuda.runtime.minor": "4",
+    "nvidia.com/mig.capable": "false",
+}
+
+
+def test_with_the_nvidia_prefix_the_labels_are_the_ones_gfd_writes() -> None:
+    """`labelPrefix: nvidia.com/` is a drop-in for GFD (issue 18): for the same GPUs, the
+    keys GFD writes carry GFD's values."""
+    ls = NodeLabeler("nvidia.com/").build(snapshot(SimulatedBackend(load_profile("dgx-h100"))))
+    assert {k: ls.labels[k] for k in GFD_DGX_H100 if k in ls.labels} == GFD_DGX_H100
+
+
+def test_gpu_memory_min_is_the_smallest_gpu_of_any_model() -> None:
+    ls = NodeLabeler().build(snapshot(SimulatedBackend(load_profile("mixed"))))
+    assert int(ls.labels[P + "gpu.memory.min"]) < int(ls.labels[P + "gpu.memory"])
+    assert ls.labels[P + "gpu.mixed"] == "true"

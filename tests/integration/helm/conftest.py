@@ -46,7 +46,7 @@ def prometheus_operator_crds() -> list[dict[str, object]]:
     crd_dir = Path(info["Dir"]) / "example" / "prometheus-operator-crd"
     return [
         yaml.safe_load((crd_dir / f"monitoring.coreos.com_{k}.yaml").read_text())
-        for k in ("servicemonitors", "prometheusrules")
+        for k in ("servicemonitors", "podmonitors", "prometheusrules")
     ]
 
 
@@ -63,7 +63,7 @@ def cluster(tools_bin: Path) -> Iterator[Cluster]:
             c.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body=crd)
         c.wait(
             lambda: (
-                {"servicemonitors", "prometheusrules"}
+                {"servicemonitors", "podmonitors", "prometheusrules"}
                 <= {
                     r["name"]
                     for r in c.request("GET", "/apis/monitoring.coreos.com/v1")["resources"]

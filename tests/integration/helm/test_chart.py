@@ -20,6 +20,8 @@ MONITORING_APIS = [
     "--api-versions",
     "monitoring.coreos.com/v1/ServiceMonitor",
     "--api-versions",
+    "monitoring.coreos.com/v1/PodMonitor",
+    "--api-versions",
     "monitoring.coreos.com/v1/PrometheusRule",
 ]
 
@@ -89,7 +91,11 @@ def test_crd_backed_objects_render_only_when_the_api_exists_or_forced(helm: str)
         ]
 
     assert monitoring() == []
-    assert sorted(monitoring(*MONITORING_APIS)) == ["PrometheusRule", "ServiceMonitor"]
+    assert sorted(monitoring(*MONITORING_APIS)) == [
+        "PodMonitor",
+        "PrometheusRule",
+        "ServiceMonitor",
+    ]
     assert monitoring(*MONITORING_APIS, "--set", "monitoring.serviceMonitor.enabled=false") == [
         "PrometheusRule"
     ]
@@ -98,7 +104,7 @@ def test_crd_backed_objects_render_only_when_the_api_exists_or_forced(helm: str)
             "--set", "monitoring.serviceMonitor.force=true",
             "--set", "monitoring.prometheusRule.force=true",
         )
-    ) == ["PrometheusRule", "ServiceMonitor"]  # fmt: skip
+    ) == ["PodMonitor", "PrometheusRule", "ServiceMonitor"]  # fmt: skip
     sm = one(template(helm, *MONITORING_APIS), "ServiceMonitor", "gpudaemon")
     assert sm["spec"]["endpoints"][0]["honorLabels"] is True
 

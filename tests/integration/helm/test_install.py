@@ -60,8 +60,13 @@ def test_monitoring_objects_exist_because_their_crds_do(cluster: Cluster, releas
     base = f"/apis/monitoring.coreos.com/v1/namespaces/{release}"
     sm = cluster.request("GET", f"{base}/servicemonitors/gpudaemon")
     assert sm["spec"]["endpoints"][0]["honorLabels"] is True
+    pm = cluster.request("GET", f"{base}/podmonitors/gpudaemon-extender")
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "ext-metrics"
+    assert pm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "scheduler"
     rule = cluster.request("GET", f"{base}/prometheusrules/gpudaemon")
-    assert {g["name"] for g in rule["spec"]["groups"]} >= {"gpudaemon.gpu"}
+    assert {g["name"] for g in rule["spec"]["groups"]} >= {
+        "gpudaemon.gpu", "gpudaemon.extender", "gpudaemon.history"
+    }  # fmt: skip
     dashboards = cluster.items(f"/api/v1/namespaces/{release}/configmaps", "grafana_dashboard=1")
     assert len(dashboards) == 2
 
@@ -90,6 +95,7 @@ def leftovers(cluster: Cluster) -> list[str]:
         "/api/v1/services",
         "/api/v1/serviceaccounts",
         "/apis/monitoring.coreos.com/v1/servicemonitors",
+        "/apis/monitoring.coreos.com/v1/podmonitors",
         "/apis/monitoring.coreos.com/v1/prometheusrules",
     ]
     out = [

@@ -61,13 +61,14 @@ def test_once_puts_the_briefs_labels_and_a_parseable_annotation(
         "gpu.product": "NVIDIA-H100-80GB-HBM3",
         "gpu.family": "hopper",
         "gpu.memory": "81559",
+        "gpu.memory.min": "81559",
         "gpu.compute.major": "9",
         "gpu.compute.minor": "0",
-        "driver.major": "550",
-        "driver.minor": "54",
-        "driver.rev": "15",
-        "cuda.driver.major": "12",
-        "cuda.driver.minor": "4",
+        "cuda.driver.major": "550",  # the driver version, as GFD means it
+        "cuda.driver.minor": "54",
+        "cuda.driver.rev": "15",
+        "cuda.runtime.major": "12",  # the CUDA version, as GFD means it
+        "cuda.runtime.minor": "4",
         "gpu.healthy": "8",
         "gpu.unhealthy": "0",  # always present (issue 17)
         "mig.capable": "false",

@@ -75,7 +75,26 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "gpudaemon.influxdb.tokenDir" -}}/var/run/secrets/gpudaemon/influxdb{{- end -}}
 
 {{/* The agent's config file: the user's agent.config under the keys the chart owns. */}}
+{{/* What values.schema.json's cron pattern cannot say: a range that runs backwards
+(`5-3`, `fri-mon`). The agent refuses it the same way (gpudaemon/schedule.py
+backward_range); tests/integration/helm/test_values_refused.py feeds both the same
+values. */}}
+{{- define "gpudaemon.checkSchedules" -}}
+{{- $names := dict "sun" 0 "mon" 1 "tue" 2 "wed" 3 "thu" 4 "fri" 5 "sat" 6 "jan" 1 "feb" 2 "mar" 3 "apr" 4 "may" 5 "jun" 6 "jul" 7 "aug" 8 "sep" 9 "oct" 10 "nov" 11 "dec" 12 -}}
+{{- range $key, $expr := (.Values.agent.config.schedules | default dict) -}}
+{{- range regexFindAll "[0-9a-z]+-[0-9a-z]+" (toString $expr) -1 -}}
+{{- $ends := splitList "-" . -}}
+{{- $lo := ternary (atoi (index $ends 0)) (int (get $names (index $ends 0) | default 0)) (regexMatch "^[0-9]+$" (index $ends 0)) -}}
+{{- $hi := ternary (atoi (index $ends 1)) (int (get $names (index $ends 1) | default 0)) (regexMatch "^[0-9]+$" (index $ends 1)) -}}
+{{- if gt $lo $hi -}}
+{{- fail (printf "agent.config.schedules.%s: invalid cron expression %q: the range %s runs backwards" $key (toString $expr) .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "gpudaemon.agent.config" -}}
+{{- include "gpudaemon.checkSchedules" . -}}
 {{- $managed := dict
   "labels" (dict "prefix" .Values.labelPrefix "to" "apiserver" "taint_unhealthy" .Values.agent.taintUnhealthy)
   "metrics" (dict "listen" "0.0.0.0:9445")
