@@ -414,7 +414,14 @@ def values_schema() -> str:
             "org": S,
             "bucket": S,
             "tokenSecret": obj({"name": S, "key": {"type": "string", "minLength": 1}}),
-            "spool": obj({"maxBytes": INT1, "sizeLimit": QTY, "volume": MAP}),
+            "spool": obj(
+                {
+                    "maxBytes": INT1,
+                    "hostPath": {"type": "string", "pattern": "^(/.*)?$"},  # "" = emptyDir
+                    "sizeLimit": QTY,
+                    "volume": MAP,
+                }
+            ),
         }
     )
 

@@ -480,6 +480,22 @@ class Spool:
         self._forget_acked()
         self.size_bytes = self._used_bytes()
 
+    def oldest_timestamp_ms(self) -> int | None:
+        """The timestamp (ms, the line's last field) of the oldest point not yet sent,
+        or None when nothing waits or it has none: one indexed row read."""
+        try:
+            row = self._conn().execute(
+                "SELECT line FROM points WHERE id > ? ORDER BY id LIMIT 1", (self._acked_through,)
+            ).fetchone()
+        except sqlite3.Error as e:
+            raise _error(self.path, e, "cannot read") from None
+        if row is None:
+            return None
+        line = row[0]
+        data = bytes(line) if isinstance(line, bytes | memoryview) else str(line).encode()
+        last = data.rstrip().rsplit(b" ", 1)[-1]
+        return int(last) if last.isdigit() else None
+
     @property
     def waiting(self) -> int:
         """Points not yet sent (spooled minus those sent but not yet deleted)."""

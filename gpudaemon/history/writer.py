@@ -12,6 +12,7 @@ time, so sending a point again overwrites rather than duplicates.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -62,6 +63,12 @@ class InfluxMetrics:
         self.spool_bytes = Gauge(
             "gpudaemon_influxdb_spool_bytes",
             "Line-protocol bytes in the on-disk spool (what influxdb.spool_max_bytes bounds).",
+            registry=registry,
+        )
+        self.spool_oldest_point_age_seconds = Gauge(
+            "gpudaemon_influxdb_spool_oldest_point_age_seconds",
+            "Age of the oldest point waiting in the spool (0 when none waits): how far "
+            "behind InfluxDB's copy of this node's history is.",
             registry=registry,
         )
         self.points_dropped = Counter(
@@ -167,6 +174,8 @@ class InfluxWriter:
         self._dropped: dict[str, int] = {}
         self._spool_ok = True
         self._spool_ops: list[bool] = []  # outcomes of this cycle's spool operations
+        self._oldest_ms: int | None = None  # timestamp of the oldest spooled point
+        self.metrics.spool_oldest_point_age_seconds.set_function(self._oldest_age_seconds)
         self._scrub = Scrubber(ic.url, ic.token.get_secret_value())
         spool_dir = ic.spool_dir  # config.py sets the default when history is on
         self.spool = open_spool(spool_dir, ic.spool_max_bytes)
@@ -415,6 +424,14 @@ class InfluxWriter:
     def _update_gauges(self) -> None:
         self.metrics.points_spooled.set(self.spool.waiting)
         self.metrics.spool_bytes.set(self.spool.size_bytes)
+        # Unreadable now: keep the last known oldest point (spool_healthy says why).
+        with contextlib.suppress(SpoolError):
+            self._oldest_ms = self.spool.oldest_timestamp_ms() if self.spool.waiting else None
+
+    def _oldest_age_seconds(self) -> float:
+        """Computed at scrape time, so the age grows between history runs."""
+        oldest = self._oldest_ms
+        return 0.0 if oldest is None else max(0.0, self._clock() - oldest / 1000)
 
     # -- shutdown ----------------------------------------------------------------
 

@@ -5,6 +5,10 @@ accepted by the real API server's server-side dry run."""
 
 from __future__ import annotations
 
+import os
+import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +158,58 @@ def test_every_container_is_locked_down(helm: str) -> None:
             assert sc["readOnlyRootFilesystem"] is True, c["name"]
             assert sc["capabilities"] == {"drop": ["ALL"]}, c["name"]
             assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, c["name"]
+
+
+def test_every_init_container_is_locked_down_but_for_chown(helm: str) -> None:
+    pod = one(template(helm, "-f", str(EVERYTHING)), "DaemonSet", "gpudaemon")["spec"]["template"]
+    (init,) = pod["spec"]["initContainers"]
+    sc = init["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert [m["name"] for m in init["volumeMounts"]] == ["spool"]  # it touches nothing else
+
+
+def _spool(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    pod = one(docs, "DaemonSet", "gpudaemon")["spec"]["template"]["spec"]
+    return {v["name"]: v for v in pod["volumes"]}["spool"], pod.get("initContainers", [])
+
+
+INFLUX = ["--set", "influxdb.enabled=true", "--set", "influxdb.url=http://i:8086",
+          "--set", "influxdb.bucket=b", "--set", "influxdb.tokenSecret.name=t"]  # fmt: skip
+
+
+def test_the_spool_survives_the_pod_on_a_host_path_by_default(helm: str) -> None:
+    vol, init = _spool(template(helm, *INFLUX, namespace="ops"))
+    assert vol["hostPath"] == {
+        "path": "/var/lib/gpudaemon/ops_gpudaemon",
+        "type": "DirectoryOrCreate",
+    }
+    assert [c["name"] for c in init] == ["spool-owner"]
+    assert init[0]["command"][-3:] == ["/var/lib/gpudaemon", "65532", "65532"]
+    # Without InfluxDB there is no spool to keep: no host directory, no root container.
+    vol, init = _spool(template(helm))
+    assert "emptyDir" in vol and init == []
+    vol, init = _spool(template(helm, *INFLUX, "--set", "influxdb.spool.hostPath="))
+    assert vol["emptyDir"] == {"sizeLimit": "512Mi"} and init == []
+    vol, init = _spool(
+        template(helm, *INFLUX, "--set", "influxdb.spool.volume.emptyDir.medium=Memory")
+    )
+    assert vol == {"name": "spool", "emptyDir": {"medium": "Memory"}} and init == []
+
+
+def test_the_spool_owner_gives_the_directory_to_the_agent_user(helm: str, tmp_path: Path) -> None:
+    """The rendered init command itself, on a directory made as the kubelet makes it."""
+    if os.geteuid() != 0:
+        pytest.fail("needs root, as CI and the kubelet's init container have")
+    _, (init,) = _spool(template(helm, *INFLUX))
+    host = tmp_path / "gpudaemon"
+    host.mkdir(mode=0o755)
+    cmd = [sys.executable if c == "python3" else c for c in init["command"]]
+    cmd[cmd.index("/var/lib/gpudaemon")] = str(host)
+    subprocess.run(cmd, check=True, timeout=30)
+    st = host.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (65532, 65532, 0o750)
 
 
 def test_influxdb_token_comes_from_the_secret_as_a_file(helm: str) -> None:

@@ -1,10 +1,14 @@
-"""A real Prometheus (Debian's package) scraping two real `gpudaemon run` agents.
+"""A real Prometheus (Debian's package) scraping two real `gpudaemon run` agents and a
+real `gpudaemon extender`, all on a real kube-apiserver.
 
 Node A simulates a DGX H100 with faults from a profile file (XID 79 on GPU 3, GPU 5
-lost) and a fake kubelet assigning GPU 2 to a pod; node B simulates A100s split into
-MIG instances, one of them assigned to a pod. Prometheus scrapes both every second
-and evaluates the shipped alert rules every second, with `for:` durations shortened
-(only those) so alerts fire within the test.
+lost) and a fake kubelet assigning GPU 2 to a pod, and writes history to an InfluxDB
+that does not answer (so the history series have something to say); node B simulates
+A100s split into MIG instances, one of them assigned to a pod. Both label their Nodes
+and hold Leases, which the extender watches; a few /filter and /prioritize calls give
+its latency series data. Prometheus scrapes every second and evaluates the shipped
+alert rules every second, with `for:` durations shortened (only those) so alerts fire
+within the test.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import shutil
 import subprocess
 import tempfile
 import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +29,8 @@ import pytest
 import yaml
 
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
+from tests.integration.kube.conftest import control_plane as control_plane
+from tests.integration.kube.controlplane import ControlPlane
 from tests.integration.podresources.fake_kubelet import KubeletServer, pod
 from tests.support import REPO, free_port, http_get, start_agent, stop, wait_for
 
@@ -54,6 +61,7 @@ class Agent:
 class Stack:
     agents: dict[str, Agent]
     prom_url: str
+    extender_url: str
     gpu2_uuid: str
     mig_uuid: str
     workdir: Path
@@ -75,8 +83,29 @@ def _shorten_for(rules_text: str) -> str:
     return re.sub(r"^(\s+for:\s*)\S+", r"\g<1>2s", rules_text, flags=re.M)
 
 
+def _ask_extender(url: str) -> None:
+    """What kube-scheduler sends for a pod of another scheduler: answered, not booked."""
+    args = {
+        "Pod": {
+            "metadata": {"uid": "00000000-0000-0000-0000-000000000001", "name": "probe",
+                         "namespace": "default"},
+            "spec": {"containers": [{"name": "c",
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        },
+        "NodeNames": [NODE_A, NODE_B],
+    }  # fmt: skip
+    for verb in ("filter", "prioritize"):
+        req = urllib.request.Request(
+            f"{url}/{verb}", data=json.dumps(args).encode(), method="POST",
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 200
+
+
 @pytest.fixture(scope="session")
-def stack() -> Iterator[Stack]:
+def stack(control_plane: ControlPlane) -> Iterator[Stack]:
+    cp = control_plane
     prometheus = need("prometheus")
     work = Path(tempfile.mkdtemp(prefix="gpud-prom-"))
     procs: list[subprocess.Popen[bytes]] = []
@@ -104,18 +133,29 @@ def stack() -> Iterator[Stack]:
             (NODE_A, str(work / "dgx-faulty.yaml"), "nvidia.com/gpu", gpu2_uuid),
             (NODE_B, "a100-mig", "nvidia.com/mig-1g.10gb", mig_uuid),
         ):
+            cp.create_node(node, {})
             kl = KubeletServer(work / f"{node}.sock")
             kl.servicer.pods = [pod(f"job-{node}", "ml", ("main", {res: [dev]}))]
             kubelets.append(kl)
             cfg = work / f"{node}.yaml"
-            cfg.write_text(
-                yaml.safe_dump(
-                    {
-                        "schedules": {"telemetry": "* * * * * *", "pods": "*/2 * * * * *"},
-                        "metrics": {"pod_resources_socket": str(kl.socket)},
-                    }
-                )
-            )
+            conf: dict[str, Any] = {
+                "schedules": {
+                    "telemetry": "* * * * * *",
+                    "pods": "*/2 * * * * *",
+                    "labels": "*/2 * * * * *",
+                    "history": "* * * * * *",
+                },
+                "metrics": {"pod_resources_socket": str(kl.socket)},
+                "kubernetes": {"kubeconfig": str(cp.agent_kubeconfig)},
+            }
+            if node == NODE_A:  # an InfluxDB that refuses: spool, errors, oldest point
+                conf["influxdb"] = {
+                    "url": f"http://127.0.0.1:{free_port()}",
+                    "bucket": "gpus",
+                    "spool_dir": str(work / "spool"),
+                    "timeout_ms": 500,
+                }
+            cfg.write_text(yaml.safe_dump(conf))
             port = free_port()
             procs.append(
                 start_agent(
@@ -132,7 +172,7 @@ def stack() -> Iterator[Stack]:
                         "--listen",
                         f"127.0.0.1:{port}",
                         "--labels-to",
-                        str(work / f"{node}-labels.json"),
+                        "apiserver",
                     ],
                     log=work / f"{node}.log",
                 )
@@ -140,6 +180,30 @@ def stack() -> Iterator[Stack]:
             agents[node] = Agent(node, prof, f"http://127.0.0.1:{port}")
         for a in agents.values():
             wait_for(lambda a=a: http_get(a.url + "/readyz")[0] == 200, 20, what=f"{a.node} ready")
+            wait_for(lambda a=a: cp.lease(a.node), 60, what=f"{a.node}'s Lease")
+
+        eport, emetrics = free_port(), free_port()
+        (work / "extender.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "extender": {
+                        "listen": f"127.0.0.1:{eport}",
+                        "metrics_listen": f"127.0.0.1:{emetrics}",
+                    },
+                    "kubernetes": {"kubeconfig": str(cp.admin_kubeconfig)},
+                }
+            )
+        )
+        procs.append(
+            start_agent(["extender", "--config", str(work / "extender.yaml")],
+                        log=work / "extender.log")
+        )  # fmt: skip
+        extender_metrics = f"127.0.0.1:{emetrics}"
+        wait_for(
+            lambda: http_get(f"http://{extender_metrics}/readyz")[0] == 200, 60,
+            what="extender ready",
+        )  # fmt: skip
+        _ask_extender(f"http://127.0.0.1:{eport}")
 
         (work / "rules.yaml").write_text(_shorten_for(RULES.read_text()))
         pport = free_port()
@@ -158,7 +222,11 @@ def stack() -> Iterator[Stack]:
                                     ]
                                 }
                             ],
-                        }
+                        },
+                        {  # the PodMonitor's job name: <namespace>/<release>-gpudaemon-extender
+                            "job_name": "gpudaemon/gpudaemon-extender",
+                            "static_configs": [{"targets": [extender_metrics]}],
+                        },
                     ],
                 }
             )
@@ -180,8 +248,9 @@ def stack() -> Iterator[Stack]:
         )
         prom_url = f"http://127.0.0.1:{pport}"
         wait_for(lambda: http_get(prom_url + "/-/ready")[0] == 200, 30, what="prometheus ready")
-        s = Stack(agents, prom_url, gpu2_uuid, mig_uuid, work)
+        s = Stack(agents, prom_url, f"http://127.0.0.1:{eport}", gpu2_uuid, mig_uuid, work)
         wait_for(lambda: len(s.query('up{job="gpudaemon"} == 1')) == 2, 30, what="both targets up")
+        wait_for(lambda: s.query('up{job=~".*extender.*"} == 1'), 30, what="the extender up")
         yield s
     finally:
         for p in reversed(procs):

@@ -149,13 +149,22 @@ def test_a_reading_is_written_once_however_often_the_job_runs(tmp_path: Path) ->
 def test_outage_spools_then_replays_oldest_first_before_new_points(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
     rig.cycle()
+    assert rig.metric("gpudaemon_influxdb_spool_oldest_point_age_seconds") == 0
     rig.transport.fail = "unreachable"
-    for _ in range(5):
+    first_lost = rig.cycle()
+    for _ in range(4):
         rig.cycle()
     assert rig.metric("gpudaemon_influxdb_points_spooled") == 40
     assert rig.metric("gpudaemon_influxdb_write_errors_total", kind="unreachable") == 5
+    age = rig.metric("gpudaemon_influxdb_spool_oldest_point_age_seconds")
+    assert age == pytest.approx(rig.clock.t - first_lost.samples_at, abs=0.002) and age >= 40
+    rig.clock.t += 7  # no history run: the age still grows, read at scrape time
+    assert rig.metric("gpudaemon_influxdb_spool_oldest_point_age_seconds") == pytest.approx(
+        age + 7, abs=0.002
+    )
     rig.transport.fail = None
     rig.cycle()
+    assert rig.metric("gpudaemon_influxdb_spool_oldest_point_age_seconds") == 0
     ts = rig.transport.timestamps()
     assert len(ts) == 7 * 8
     assert ts == sorted(ts)  # replayed in order, new points last
@@ -174,6 +183,7 @@ def test_spool_survives_a_writer_restart(tmp_path: Path) -> None:
     rig.transport = FakeTransport()
     rig.writer = rig.new_writer()
     assert rig.metric("gpudaemon_influxdb_points_spooled") == 16
+    assert rig.metric("gpudaemon_influxdb_spool_oldest_point_age_seconds") >= 10  # from disk
     rig.cycle()
     assert len(rig.transport.timestamps()) == 24
     assert rig.transport.timestamps() == sorted(rig.transport.timestamps())
