@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.integration.kube.controlplane import ControlPlane, annotation
 from tests.support import REPO
@@ -146,3 +147,49 @@ def test_agent_never_creates_a_missing_node_and_says_so_in_one_line(
     assert f"/api/v1/nodes/{name}: HTTP 404" in proc.stdout + proc.stderr
     listed = control_plane.admin.request("GET", "/api/v1/nodes")["items"]
     assert name not in {n["metadata"]["name"] for n in listed}
+
+
+# What GPU Feature Discovery writes for eight H100 80GB HBM3 on driver 550.54.15 with
+# CUDA 12.4 (its lm/ labelers: resource, cuda/driver, MIG capability), key for key.
+GFD_DGX_H100 = {
+    "nvidia.com/gpu.present": "true",
+    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+    "nvidia.com/gpu.count": "8",
+    "nvidia.com/gpu.memory": "81559",
+    "nvidia.com/gpu.family": "hopper",
+    "nvidia.com/gpu.compute.major": "9",
+    "nvidia.com/gpu.compute.minor": "0",
+    "nvidia.com/cuda.driver.major": "550",
+    "nvidia.com/cuda.driver.minor": "54",
+    "nvidia.com/cuda.driver.rev": "15",
+    "nvidia.com/cuda.runtime.major": "12",
+    "nvidia.com/cuda.runtime.minor": "4",
+}
+
+
+def test_the_chart_s_nvidia_prefix_writes_gfd_s_labels(
+    control_plane: ControlPlane, node: str, tools_bin: Path, tmp_path: Path
+) -> None:
+    """The drop-in of docs/migrate.md: the agent config the chart renders for
+    `labelPrefix: nvidia.com/`, run on simulated H100s, puts GFD's keys and values on a
+    real Node (as the admin: the test control plane's admission policy is the default
+    prefix's)."""
+    chart = REPO / "deploy" / "helm" / "gpudaemon"
+    proc = subprocess.run(
+        [str(tools_bin / "helm"), "template", "g", str(chart), "--set", "labelPrefix=nvidia.com/",
+         "--show-only", "templates/agent/configmap.yaml"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_load(proc.stdout)["data"]["config.yaml"])
+    env = {**os.environ, "GPUDAEMON_KUBERNETES__KUBECONFIG": str(control_plane.admin_kubeconfig)}
+    run = subprocess.run(
+        [sys.executable, "-m", "gpudaemon", "run", "--config", str(config),
+         "--simulate", "dgx-h100", "--node-name", node, "--once"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    labels = control_plane.node(node)["metadata"]["labels"]
+    assert {k: labels.get(k) for k in GFD_DGX_H100} == GFD_DGX_H100
+    assert not [k for k in labels if k.startswith(P)]  # nothing under the default prefix
