@@ -22,6 +22,19 @@ class MigDevice:
     gpu_instance_id: int
     compute_instance_id: int
     memory_total_bytes: int
+    # What GFD labels per profile (nvmlDeviceGetAttributes_v2); None: not read.
+    multiprocessors: int | None = None
+    gpu_instance_slices: int | None = None
+    compute_instance_slices: int | None = None
+    copy_engines: int | None = None
+    decoders: int | None = None
+    encoders: int | None = None
+    jpeg_engines: int | None = None
+    ofa_engines: int | None = None
+
+    @property
+    def memory_total_mib(self) -> int:
+        return self.memory_total_bytes // MIB
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from loguru import logger
 from gpudaemon.backends.base import health_reason, host_boot_id, is_critical_xid, lost_sample
 from gpudaemon.errors import BackendError, NvmlUnavailableError
 from gpudaemon.logsetup import LogLimiter
-from gpudaemon.model import GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
+from gpudaemon.model import MIB, GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
 
 # A first read at least this slow is logged (the energy counter: ~3.9 ms on an H100).
 SLOW_CALL_S = 0.001
@@ -246,6 +246,15 @@ class NvmlBackend:
                 continue  # empty slot
             name = _text(self._read(i, "mig name", "nvmlDeviceGetName", mh) or "")
             mem = self._memory(i, mh)
+            # What GFD labels: the MIG device's own SMs, slices, engines and memory size.
+            attrs = self._read(i, "mig attributes", "nvmlDeviceGetAttributes_v2", mh)
+            total = int(mem.total) if mem is not None else 0
+            if attrs is not None and int(attrs.memorySizeMB) > 0:
+                total = int(attrs.memorySizeMB) * MIB
+
+            def attr(field: str, attrs: Any = attrs) -> int | None:
+                return int(getattr(attrs, field)) if attrs is not None else None
+
             out.append(
                 MigDevice(
                     uuid=_text(self._call("nvmlDeviceGetUUID", mh)),
@@ -256,7 +265,15 @@ class NvmlBackend:
                     compute_instance_id=int(
                         self._read(i, "ci id", "nvmlDeviceGetComputeInstanceId", mh) or 0
                     ),
-                    memory_total_bytes=int(mem.total) if mem is not None else 0,
+                    memory_total_bytes=total,
+                    multiprocessors=attr("multiprocessorCount"),
+                    gpu_instance_slices=attr("gpuInstanceSliceCount"),
+                    compute_instance_slices=attr("computeInstanceSliceCount"),
+                    copy_engines=attr("sharedCopyEngineCount"),
+                    decoders=attr("sharedDecoderCount"),
+                    encoders=attr("sharedEncoderCount"),
+                    jpeg_engines=attr("sharedJpegCount"),
+                    ofa_engines=attr("sharedOfaCount"),
                 )
             )
         return tuple(out)

@@ -13,6 +13,7 @@ charge at least ~50 us each, far more than most real calls).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import random
@@ -37,6 +38,7 @@ from pydantic import (
     model_validator,
 )
 
+from gpudaemon.backends import migprofiles
 from gpudaemon.backends.base import (
     ENERGY_CALLS,
     SAMPLE_CALLS,
@@ -50,26 +52,6 @@ from gpudaemon.textfile import read_text_file
 
 BUILTIN_PROFILES = ("dgx-h100", "a100-mig", "mixed", "h100-measured")
 _GPU_UUID = re.compile(r"GPU-[0-9A-Fa-f]{8}(-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}")
-
-# MIG profile name -> memory in MiB, for the profiles our simulated A100/H100s offer.
-_MIG_MEMORY_MIB = {
-    "1g.5gb": 4864,
-    "1g.10gb": 9856,
-    "1g.12gb": 11008,
-    "1g.20gb": 19968,
-    "2g.10gb": 9984,
-    "2g.20gb": 20096,
-    "2g.24gb": 23936,
-    "3g.20gb": 19968,
-    "3g.40gb": 40192,
-    "3g.47gb": 46848,
-    "4g.20gb": 19968,
-    "4g.40gb": 40192,
-    "4g.47gb": 46848,
-    "7g.40gb": 40192,
-    "7g.80gb": 80896,
-}
-
 
 # The calls a latency profile may name: the per-sample and energy calls the agent makes
 # on its hot paths, and the inventory calls measured on real hardware (not charged).
@@ -168,14 +150,6 @@ class MigSpec(_Strict):
     enabled: bool = False
     instances: tuple[str, ...] = ()
 
-    @field_validator("instances")
-    @classmethod
-    def _known_profiles(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for p in v:
-            if p not in _MIG_MEMORY_MIB:
-                raise ValueError(f"unknown MIG profile {p!r}")
-        return v
-
     @model_validator(mode="after")
     def _consistent(self) -> MigSpec:
         if self.enabled and not self.capable:
@@ -183,6 +157,21 @@ class MigSpec(_Strict):
         if self.instances and not self.enabled:
             raise ValueError("instances need enabled: true (they would be ignored)")
         return self
+
+
+def mig_layout_error(name: str, memory_total_mib: int, instances: tuple[str, ...]) -> str | None:
+    table = migprofiles.profiles_for(name, memory_total_mib)
+    if table is None:
+        return f"MIG is simulated only for A100, H100 and H200 GPUs, not {name!r}"
+    return migprofiles.layout_error(table, instances)
+
+
+class MigChangeSpec(_Strict):
+    """A MIG layout change at run time, as `nvidia-smi mig -dci/-dgi/-cgi` makes it."""
+
+    gpu: Annotated[int, Field(ge=0), BeforeValidator(_not_bool)]
+    after_s: Annotated[Number, Field(ge=0.0, le=1e9)] = 0.0
+    instances: tuple[str, ...] = ()  # empty: every instance destroyed
 
 
 class GpuSpec(_Strict):
@@ -240,6 +229,10 @@ class GpuSpec(_Strict):
                 )
             if f.kind == "ecc" and not self.ecc:
                 raise ValueError(f"faults[{i}]: an ecc fault needs ecc: true")
+        if self.mig.enabled:
+            why = mig_layout_error(self.name, self.memory_total_mib, self.mig.instances)
+            if why:
+                raise ValueError(f"mig.instances: {why}")
         return self
 
 
@@ -252,6 +245,7 @@ class Profile(_Strict):
     seed: Annotated[int, Field(ge=0, le=2**64 - 1), BeforeValidator(_not_bool)] | None = None
     gpus: Annotated[tuple[GpuSpec, ...], Field(min_length=1)]
     faults: tuple[FaultSpec, ...] = ()
+    mig_changes: tuple[MigChangeSpec, ...] = ()
     source: str = "inline"
 
     @field_validator("cuda_version", "driver_version", mode="before")
@@ -279,6 +273,15 @@ class Profile(_Strict):
         for i, f in enumerate(self.faults):
             if f.kind == "ecc" and f.gpu is not None and not specs[f.gpu].ecc:
                 raise ValueError(f"faults[{i}]: an ecc fault needs ecc: true on GPU {f.gpu}")
+        for i, c in enumerate(self.mig_changes):
+            if c.gpu >= count:
+                raise ValueError(f"mig_changes[{i}]: gpu {c.gpu} is not one of 0..{count - 1}")
+            g = specs[c.gpu]
+            if not g.mig.enabled:
+                raise ValueError(f"mig_changes[{i}]: GPU {c.gpu} needs mig.enabled: true")
+            why = mig_layout_error(g.name, g.memory_total_mib, c.instances)
+            if why:
+                raise ValueError(f"mig_changes[{i}].instances: {why}")
         seen: set[str] = set()
         for g in self.gpus:
             if g.uuid is not None:
@@ -348,6 +351,7 @@ class _SimGpu:
     # seed, and seeding a generator per sample cost more than the rest of the sample.
     rng: random.Random = field(default_factory=random.Random)
     sample_cost_s: float = 0.0  # what NVML would take for this GPU's sample
+    mig_generation: int = 0  # how many times the MIG layout was changed
     energy_cost_s: float = 0.0  # ... and for its energy read
 
 
@@ -370,6 +374,7 @@ class SimulatedBackend:
         self._polls = 0
         self._lock = threading.Lock()
         self._gpus = self._build()
+        self._mig_changes = sorted(profile.mig_changes, key=lambda c: c.after_s)
 
     def boot_id(self) -> str:
         return self.profile.boot_id
@@ -381,16 +386,7 @@ class SimulatedBackend:
                 index = len(gpus)
                 uuid = spec.uuid or self._uuid(f"gpu:{index}")  # uuid implies count 1
                 major, minor = (int(x) for x in spec.compute_capability.split("."))
-                migs = tuple(
-                    MigDevice(
-                        uuid="MIG-" + self._uuid(f"mig:{index}:{i}").removeprefix("GPU-"),
-                        profile=p,
-                        gpu_instance_id=i + 1,
-                        compute_instance_id=0,
-                        memory_total_bytes=_MIG_MEMORY_MIB[p] * MIB,
-                    )
-                    for i, p in enumerate(spec.mig.instances if spec.mig.enabled else ())
-                )
+                migs = self._mig_devices(index, spec, spec.mig.instances, 0)
                 info = GpuInfo(
                     index=index,
                     uuid=uuid,
@@ -418,6 +414,59 @@ class SimulatedBackend:
                 )
         return gpus
 
+    def _mig_devices(
+        self, index: int, spec: GpuSpec, instances: tuple[str, ...], generation: int
+    ) -> tuple[MigDevice, ...]:
+        if not spec.mig.enabled:
+            return ()
+        table = migprofiles.profiles_for(spec.name, spec.memory_total_mib) or {}
+        out = []
+        for i, name in enumerate(instances):
+            p = table[name]
+            key = f"mig:{index}:{i}" if generation == 0 else f"mig:{index}:{generation}:{i}"
+            out.append(
+                MigDevice(
+                    uuid="MIG-" + self._uuid(key).removeprefix("GPU-"),
+                    profile=name,
+                    gpu_instance_id=i + 1,
+                    compute_instance_id=0,
+                    memory_total_bytes=p.memory_mib * MIB,
+                    multiprocessors=p.multiprocessors,
+                    gpu_instance_slices=p.slices,
+                    compute_instance_slices=p.slices,
+                    copy_engines=p.copy_engines,
+                    decoders=p.decoders,
+                    encoders=p.encoders,
+                    jpeg_engines=p.jpeg_engines,
+                    ofa_engines=p.ofa_engines,
+                )
+            )
+        return tuple(out)
+
+    def set_mig_layout(self, index: int, instances: tuple[str, ...]) -> None:
+        """Replace GPU `index`'s MIG instances (new UUIDs, as real re-creation gives);
+        ProfileError if the GPU is not in MIG mode or the layout does not fit."""
+        with self._lock:
+            self._set_mig_layout(index, tuple(instances))
+
+    def _set_mig_layout(self, index: int, instances: tuple[str, ...]) -> None:
+        if not 0 <= index < len(self._gpus):
+            raise ProfileError(f"no GPU {index}")
+        g = self._gpus[index]
+        if not g.spec.mig.enabled:
+            raise ProfileError(f"GPU {index} is not in MIG mode")
+        why = mig_layout_error(g.spec.name, g.spec.memory_total_mib, instances)
+        if why:
+            raise ProfileError(f"GPU {index}: {why}")
+        g.mig_generation += 1
+        migs = self._mig_devices(index, g.spec, instances, g.mig_generation)
+        g.info = dataclasses.replace(g.info, mig_devices=migs)
+
+    def _apply_mig_changes(self, elapsed: float) -> None:
+        while self._mig_changes and self._mig_changes[0].after_s <= elapsed:
+            c = self._mig_changes.pop(0)
+            self._set_mig_layout(c.gpu, c.instances)
+
     def _uuid(self, key: str) -> str:
         digest = hashlib.sha256(f"{self.profile.source}:{self.seed}:{key}".encode()).digest()
         return "GPU-" + str(uuidlib.UUID(bytes=digest[:16], version=4))
@@ -425,6 +474,8 @@ class SimulatedBackend:
     # -- Backend interface -------------------------------------------------------
 
     def inventory(self) -> NodeInventory:
+        with self._lock:
+            self._apply_mig_changes(self._clock() - self._start)
         major, _, minor = self.profile.cuda_version.partition(".")
         cuda = (int(major), int(minor or 0)) if major.isdigit() else None
         return NodeInventory(
@@ -441,6 +492,7 @@ class SimulatedBackend:
             self._last = now
             self._polls += 1
             elapsed = now - self._start
+            self._apply_mig_changes(elapsed)
             out = tuple(self._sample_one(g, elapsed, dt) for g in self._gpus)
             _spend(sum(g.sample_cost_s for g in self._gpus if not g.lost))
             return out

@@ -484,9 +484,14 @@ class Spool:
         """The timestamp (ms, the line's last field) of the oldest point not yet sent,
         or None when nothing waits or it has none: one indexed row read."""
         try:
-            row = self._conn().execute(
-                "SELECT line FROM points WHERE id > ? ORDER BY id LIMIT 1", (self._acked_through,)
-            ).fetchone()
+            row = (
+                self._conn()
+                .execute(
+                    "SELECT line FROM points WHERE id > ? ORDER BY id LIMIT 1",
+                    (self._acked_through,),
+                )
+                .fetchone()
+            )
         except sqlite3.Error as e:
             raise _error(self.path, e, "cannot read") from None
         if row is None:

@@ -24,6 +24,17 @@ class NVMLError(Exception):
 
 
 @dataclass
+class FakeMig:
+    """A MIG device as NVML describes it (nvmlDeviceGetAttributes_v2's fields)."""
+
+    profile: str  # the name NVML gives ends in it: "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
+    uuid: str
+    attrs: dict[str, int]
+    memory_total: int = 9984 * 2**20
+    gi: int = 1
+
+
+@dataclass
 class FakeGpu:
     name: str = "NVIDIA H100 80GB HBM3"
     uuid: str = "GPU-00000000-0000-0000-0000-000000000000"
@@ -38,6 +49,7 @@ class FakeGpu:
     dbe: int = 0
     is_lost: bool = False
     missing: set[str] = field(default_factory=set)
+    migs: list[FakeMig] | None = None  # None: MIG off; a list: MIG on, these devices
 
     def lost(self) -> FakeGpu:
         self.is_lost = True
@@ -123,15 +135,58 @@ class FakeNvml:
     def nvmlSystemGetCudaDriverVersion(self) -> int:
         return 12040
 
-    def nvmlDeviceGetName(self, h: int) -> str:
+    # MIG devices: handles are ("mig", gpu index, slot).
+    def _mig(self, h: Any, fn: str) -> FakeMig:
+        self.calls.append(fn)
+        g = self.gpus[h[1]]
+        if fn in g.missing:
+            raise NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        return (g.migs or [])[h[2]]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: int) -> int:
+        self._gpu(h, "nvmlDeviceGetMaxMigDeviceCount")
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: int, k: int) -> Any:
+        g = self._gpu(h, "nvmlDeviceGetMigDeviceHandleByIndex")
+        if k >= len(g.migs or []):
+            raise NVMLError(real.NVML_ERROR_NOT_FOUND)
+        return ("mig", h, k)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: bytes) -> Any:
+        for i, g in enumerate(self.gpus):
+            for k, m in enumerate(g.migs or []):
+                if m.uuid.encode() == uuid:
+                    return ("mig", i, k)
+        raise NVMLError(real.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetAttributes_v2(self, h: Any) -> Any:
+        return SimpleNamespace(**self._mig(h, "nvmlDeviceGetAttributes_v2").attrs)
+
+    def nvmlDeviceGetGpuInstanceId(self, h: Any) -> int:
+        return self._mig(h, "nvmlDeviceGetGpuInstanceId").gi
+
+    def nvmlDeviceGetComputeInstanceId(self, h: Any) -> int:
+        self._mig(h, "nvmlDeviceGetComputeInstanceId")
+        return 0
+
+    def nvmlDeviceGetName(self, h: Any) -> str:
+        if isinstance(h, tuple):
+            m = self._mig(h, "nvmlDeviceGetName")
+            return f"{self.gpus[h[1]].name} MIG {m.profile}"
         if h in self.identity_error:
             raise NVMLError(real.NVML_ERROR_UNKNOWN)
         return self._gpu(h, "nvmlDeviceGetName").name
 
-    def nvmlDeviceGetUUID(self, h: int) -> str:
+    def nvmlDeviceGetUUID(self, h: Any) -> str:
+        if isinstance(h, tuple):
+            return self._mig(h, "nvmlDeviceGetUUID").uuid
         return self._gpu(h, "nvmlDeviceGetUUID").uuid
 
-    def nvmlDeviceGetMemoryInfo(self, h: int, version: int | None = None) -> Any:
+    def nvmlDeviceGetMemoryInfo(self, h: Any, version: int | None = None) -> Any:
+        if isinstance(h, tuple):
+            m = self._mig(h, "nvmlDeviceGetMemoryInfo")
+            return SimpleNamespace(total=m.memory_total, used=2**20, free=m.memory_total - 2**20)
         g = self._gpu(h, "nvmlDeviceGetMemoryInfo")
         if version is not None and not self.memory_v2:
             raise NVMLError(real.NVML_ERROR_FUNCTION_NOT_FOUND)
@@ -147,8 +202,9 @@ class FakeNvml:
         return SimpleNamespace(busId=f"00000000:{h:02X}:00.0".encode())
 
     def nvmlDeviceGetMigMode(self, h: int) -> tuple[int, int]:
-        self._gpu(h, "nvmlDeviceGetMigMode")
-        return (0, 0)
+        g = self._gpu(h, "nvmlDeviceGetMigMode")
+        on = real.NVML_DEVICE_MIG_ENABLE if g.migs is not None else real.NVML_DEVICE_MIG_DISABLE
+        return (on, on)
 
     def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
         g = self._gpu(h, "nvmlDeviceGetUtilizationRates")

@@ -5,7 +5,7 @@ import pytest
 
 from gpudaemon.backends.nvml import NvmlBackend
 from gpudaemon.errors import BackendError, NvmlUnavailableError
-from tests.unit.fake_nvml import FakeGpu, FakeNvml
+from tests.unit.fake_nvml import FakeGpu, FakeMig, FakeNvml
 
 
 def backend(fake: FakeNvml) -> NvmlBackend:
@@ -211,3 +211,47 @@ def test_the_xid_thread_counts_driver_events_and_stops_on_close() -> None:
     assert "register:0" in fake.calls and "register:1" in fake.calls
     b.close()
     assert "evset-free" in fake.calls and fake.shutdowns == 1
+
+
+H100_1G = {
+    "multiprocessorCount": 16,
+    "sharedCopyEngineCount": 1,
+    "sharedDecoderCount": 1,
+    "sharedEncoderCount": 0,
+    "sharedJpegCount": 1,
+    "sharedOfaCount": 0,
+    "gpuInstanceSliceCount": 1,
+    "computeInstanceSliceCount": 1,
+    "memorySizeMB": 9984,
+}
+
+
+def test_mig_devices_with_their_attributes_and_attributes_probed_once() -> None:
+    migs = [FakeMig("1g.10gb", f"MIG-{k}", H100_1G, gi=k + 7) for k in range(2)]
+    fake = FakeNvml([FakeGpu(migs=migs)])
+    (g,) = backend(fake).inventory().gpus
+    assert g.mig_enabled
+    m = g.mig_devices[1]
+    assert (m.uuid, m.profile, m.gpu_instance_id, m.memory_total_mib) == (
+        "MIG-1",
+        "1g.10gb",
+        8,
+        9984,
+    )
+    assert (m.multiprocessors, m.gpu_instance_slices, m.compute_instance_slices) == (16, 1, 1)
+    assert (m.copy_engines, m.decoders, m.encoders, m.jpeg_engines, m.ofa_engines) == (
+        1,
+        1,
+        0,
+        1,
+        0,
+    )
+    # A driver without nvmlDeviceGetAttributes_v2: the devices stay, the facts are None,
+    # and the call is not made again.
+    fake = FakeNvml([FakeGpu(migs=migs).unsupported("nvmlDeviceGetAttributes_v2")])
+    b = backend(fake)
+    (g,) = b.inventory().gpus
+    assert [m.multiprocessors for m in g.mig_devices] == [None, None]
+    assert g.mig_devices[0].memory_total_mib == 9984  # from the memory info instead
+    b.inventory()
+    assert fake.calls.count("nvmlDeviceGetAttributes_v2") == 1

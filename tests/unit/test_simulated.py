@@ -137,8 +137,35 @@ def test_memory_is_consistent() -> None:
         ),
         (
             "gpus: [{name: X, memory_total_mib: 1, compute_capability: '9.0',"
-            " mig: {enabled: true, instances: [9g.1tb]}}]",
-            "MIG profile",
+            " mig: {enabled: true, instances: [1g.10gb]}}]",
+            "MIG is simulated only for A100, H100 and H200",
+        ),
+        (
+            "gpus: [{name: NVIDIA A100-SXM4-80GB, memory_total_mib: 81920,"
+            " compute_capability: '8.0', mig: {enabled: true, instances: [9g.1tb]}}]",
+            "unknown MIG profile '9g.1tb'",
+        ),
+        (
+            "gpus: [{name: NVIDIA A100-SXM4-80GB, memory_total_mib: 81920,"
+            " compute_capability: '8.0', mig: {enabled: true, instances: [1g.5gb]}}]",
+            "unknown MIG profile '1g.5gb' for this GPU",  # an A100-40GB profile
+        ),
+        (
+            "gpus: [{name: NVIDIA H100 80GB HBM3, memory_total_mib: 81559,"
+            " compute_capability: '9.0', mig: {enabled: true,"
+            " instances: [3g.40gb, 3g.40gb, 1g.10gb]}}]",
+            "9 memory slices",  # 7 compute slices, but 4 + 4 + 1 memory slices
+        ),
+        (
+            "gpus: [{name: NVIDIA H100 80GB HBM3, memory_total_mib: 81559,"
+            " compute_capability: '9.0', mig: {enabled: true, instances: [4g.40gb, 4g.40gb]}}]",
+            "2x 4g.40gb is more than the 1",
+        ),
+        (
+            "gpus: [{name: NVIDIA H100 80GB HBM3, memory_total_mib: 81559,"
+            " compute_capability: '9.0', mig: {enabled: true}}]\n"
+            "mig_changes: [{gpu: 0, instances: [7g.80gb, 1g.10gb]}]",
+            "mig_changes[0].instances",
         ),
         (
             "gpus: [{name: X, memory_total_mib: 1, compute_capability: '9.0',"
@@ -151,6 +178,57 @@ def test_bad_profiles_give_one_line_naming_the_problem(text: str, message: str) 
     with pytest.raises(ProfileError) as e:
         parse_profile(text, "p.yaml")
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "mib", "profile", "memory_mib", "sms"),
+    [
+        ("NVIDIA A100-SXM4-40GB", 40960, "1g.5gb", 4864, 14),
+        ("NVIDIA A100-SXM4-40GB", 40960, "1g.10gb", 9856, 14),
+        ("NVIDIA A100-SXM4-80GB", 81920, "1g.10gb", 9728, 14),  # not the 40GB's 9856
+        ("NVIDIA A100-SXM4-80GB", 81920, "3g.40gb", 40192, 42),
+        ("NVIDIA H100 80GB HBM3", 81559, "1g.10gb", 9984, 16),
+        ("NVIDIA H100 80GB HBM3", 81559, "7g.80gb", 81152, 132),
+        ("NVIDIA H200", 143771, "1g.18gb", 16384, 16),
+    ],
+)
+def test_mig_devices_carry_their_model_s_profile_figures(
+    name: str, mib: int, profile: str, memory_mib: int, sms: int
+) -> None:
+    text = (
+        f"gpus: [{{name: {name}, memory_total_mib: {mib}, compute_capability: '8.0',"
+        f" mig: {{enabled: true, instances: [{profile}]}}}}]"
+    )
+    (gpu,) = SimulatedBackend(parse_profile(text)).inventory().gpus
+    (m,) = gpu.mig_devices
+    assert (m.profile, m.memory_total_mib, m.multiprocessors) == (profile, memory_mib, sms)
+    assert m.gpu_instance_slices == m.compute_instance_slices == int(profile[0])
+
+
+def test_a_layout_per_gpu_and_a_change_at_run_time() -> None:
+    clock = FakeClock()
+    text = """
+gpus:
+  - {name: NVIDIA A100-SXM4-80GB, memory_total_mib: 81920, compute_capability: '8.0',
+     mig: {enabled: true, instances: [1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb]}}
+  - {name: NVIDIA A100-SXM4-80GB, memory_total_mib: 81920, compute_capability: '8.0',
+     mig: {enabled: true, instances: [3g.40gb, 3g.40gb]}}
+mig_changes: [{gpu: 1, after_s: 30, instances: [4g.40gb, 2g.20gb, 1g.10gb]}]
+"""
+    sim = SimulatedBackend(parse_profile(text), clock=clock)
+    inv = sim.inventory()
+    assert [[m.profile for m in g.mig_devices] for g in inv.gpus] == [
+        ["1g.10gb"] * 7,
+        ["3g.40gb", "3g.40gb"],
+    ]
+    before = {m.uuid for m in inv.gpus[1].mig_devices}
+    clock.t += 31
+    after = sim.inventory().gpus[1].mig_devices
+    assert [m.profile for m in after] == ["4g.40gb", "2g.20gb", "1g.10gb"]
+    assert not before & {m.uuid for m in after}  # re-created instances get new UUIDs
+    assert [len(s.mig) for s in sim.sample()] == [7, 3]
+    with pytest.raises(ProfileError, match=r"GPU 0: 2x 7g\.80gb"):
+        sim.set_mig_layout(0, ("7g.80gb", "7g.80gb"))
 
 
 def test_unknown_profile_name() -> None:
