@@ -46,7 +46,9 @@ class SimAgent:
         self.backend = SimulatedBackend(load_profile(profile), seed=seed, clock=clock)
         self.cache = Cache(clock)
         self.poller = Poller(self.backend, self.cache)
-        self.labeler = NodeLabeler(self.cfg.labels.prefix)
+        self.labeler = NodeLabeler(
+            self.cfg.labels.prefix, mig_strategy=self.cfg.labels.mig_strategy
+        )
         creds = None if client is not None else find_credentials(k.kubeconfig, False)
         self.sink = NodeLabelSink(
             k,

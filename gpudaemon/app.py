@@ -136,7 +136,7 @@ class Agent:
         self.backend = backend or make_backend(cfg.simulate, seed=cfg.simulate_seed)
         self.metrics.set_build(self.backend.name)
         self.cache = Cache(clock)
-        self.labeler = NodeLabeler(cfg.labels.prefix)
+        self.labeler = NodeLabeler(cfg.labels.prefix, mig_strategy=cfg.labels.mig_strategy)
         self.label_sink = label_sink or make_label_sink(cfg, self.metrics)
         self.label_sink.set_freshness(lambda: self.readiness()[0])
         self.health_memory, self.faults_store = make_health_memory(
@@ -151,6 +151,7 @@ class Agent:
         if pods is None and cfg.metrics.pod_resources_socket:
             self.pod_attribution = PodAttribution(cfg.metrics.pod_resources_socket)
             pods = self.pod_attribution.get
+        self.pods = pods  # device id -> the container holding it, for metrics and the annotation
         self.own_registry.register(ReadingAgeCollector(self.cache, clock))
         self.gpu_collector = GpuCollector(self.cache, cfg.node_name, pods=pods)
         self.registry.register(self.gpu_collector)
@@ -189,11 +190,20 @@ class Agent:
     def _labels(self) -> None:
         snap = self.cache.get()
         if snap.inventory is not None:
-            ls = self.labeler.build(snap)
+            ls = self.labeler.build(snap, self._pod_map())
             if self.faults_store is not None and self.faults_store.value:
                 key = self.faults_store.key
                 ls = replace(ls, annotations={**ls.annotations, key: self.faults_store.value})
             self.label_sink.apply(ls)
+
+    def _pod_map(self) -> PodMap | None:
+        if self.pods is None:
+            return None
+        try:
+            return self.pods()
+        except Exception as e:  # attribution is best-effort: the labels still go out
+            logger.debug("pod map unavailable for the annotation: {}", e)
+            return None
 
     def _history(self) -> None:
         if self.history is not None:

@@ -211,7 +211,7 @@ def _probe(args: argparse.Namespace) -> int:
         snap = cache.get()
     finally:
         backend.close()
-    ls = NodeLabeler(cfg.labels.prefix).build(snap)
+    ls = NodeLabeler(cfg.labels.prefix, mig_strategy=cfg.labels.mig_strategy).build(snap)
     assert snap.inventory is not None
     gpus = []
     for info in snap.inventory.gpus:

@@ -196,6 +196,11 @@ class LabelsConfig(_Section):
     # a taint also keeps CPU-only pods off a node with seven good GPUs, which is the
     # operator's call; the `gpu.unhealthy` label and `GPUHealthy` condition are always on.
     taint_unhealthy: Switch = False
+    # The NVIDIA device plugin's MIG strategy on this node, which decides what MIG
+    # labels mean (GFD's rules): none (MIG devices not advertised), single (every MIG
+    # device is an nvidia.com/gpu and gpu.* describe them), mixed (nvidia.com/mig-<p>
+    # per profile, with mig-<p>.* labels). Set it to the device plugin's.
+    mig_strategy: Literal["none", "single", "mixed"] = "none"
 
     @field_validator("prefix")
     @classmethod

@@ -542,6 +542,11 @@ def values_schema() -> str:
                 "pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/$",
                 "maxLength": 254,
             },
+            "migStrategy": {
+                "type": "string",
+                "description": "the NVIDIA device plugin's MIG strategy",
+                "enum": ["none", "single", "mixed"],
+            },
             "commonLabels": STRMAP,
             "agent": agent,
             "influxdb": influx,

@@ -11,7 +11,7 @@ from gpudaemon.labels.health import HealthLabeler
 from gpudaemon.labels.inventory import InventoryLabeler
 from gpudaemon.labels.mig import MigLabeler
 from gpudaemon.labels.sanitize import DEFAULT_PREFIX, Labels, sanitize_value
-from gpudaemon.model import Snapshot
+from gpudaemon.model import PodMap, Snapshot
 
 
 @dataclass(frozen=True)
@@ -32,20 +32,26 @@ class LabelSet:
 class NodeLabeler:
     """Owns the labeler order and the annotator's hysteresis state."""
 
-    def __init__(self, prefix: str = DEFAULT_PREFIX, q: Quantization | None = None) -> None:
+    def __init__(
+        self,
+        prefix: str = DEFAULT_PREFIX,
+        q: Quantization | None = None,
+        mig_strategy: str = "none",
+    ) -> None:
         self.prefix = prefix
         self.labelers: tuple[Labeler, ...] = (
             InventoryLabeler(),
             DriverLabeler(),
-            MigLabeler(),
+            MigLabeler(mig_strategy),  # after the inventory's: single rewrites gpu.*
             HealthLabeler(),
         )
         self.annotator = GpuStateAnnotator(prefix, q)
 
-    def build(self, snap: Snapshot) -> LabelSet:
+    def build(self, snap: Snapshot, pods: PodMap | None = None) -> LabelSet:
+        """`pods` (device id -> holder) marks the MIG devices a pod holds."""
         return LabelSet(
             labels=Labels(self.prefix, merge(self.labelers, snap)),
-            annotations=self.annotator.annotations(snap),
+            annotations=self.annotator.annotations(snap, pods),
             unhealthy=tuple(
                 (s.index, s.health_reason or "unhealthy") for s in snap.samples if not s.healthy
             ),

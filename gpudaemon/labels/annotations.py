@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from gpudaemon.model import MIB, GpuSample, Snapshot
+from gpudaemon.model import MIB, GpuSample, MigDevice, PodMap, Snapshot
 
 ANNOTATION_BUDGET_BYTES = 256 * 1024
 
@@ -57,6 +57,21 @@ class _Track:
         return self.published
 
 
+def _mig_entry(m: MigDevice, pods: PodMap | None) -> dict[str, object]:
+    """A MIG device: its profile, memory and, when a pod holds it, which (the kubelet's
+    pod-resources answer; without it, `pod` is absent, not "free")."""
+    out: dict[str, object] = {
+        "uuid": m.uuid,
+        "profile": m.profile,
+        "gi": m.gpu_instance_id,
+        "memory_total_mib": m.memory_total_mib,
+    }
+    if pods is not None:
+        ref = pods.get(m.uuid)
+        out["pod"] = f"{ref.namespace}/{ref.pod}" if ref is not None else ""
+    return out
+
+
 def _round(v: float, step: int) -> int:
     return int(round(v / step) * step)
 
@@ -69,7 +84,7 @@ class GpuStateAnnotator:
         self.q = q or Quantization()
         self._tracks: dict[tuple[str, str], _Track] = {}
 
-    def annotations(self, snap: Snapshot) -> dict[str, str]:
+    def annotations(self, snap: Snapshot, pods: PodMap | None = None) -> dict[str, str]:
         if snap.inventory is None:
             return {}
         entries = []
@@ -78,6 +93,7 @@ class GpuStateAnnotator:
             entry = self._entry(info.index, info.uuid, info.memory_total_bytes, s)
             if info.mig_enabled:
                 entry["mig_devices"] = len(info.mig_devices)
+                entry["mig"] = [_mig_entry(m, pods) for m in info.mig_devices]
             entries.append(entry)
         text = json.dumps(entries, separators=(",", ":"), sort_keys=False)
         if len(text) > ANNOTATION_BUDGET_BYTES:  # pragma: no cover - needs >1000 GPUs

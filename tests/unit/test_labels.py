@@ -196,7 +196,7 @@ GFD_DGX_H100 = {
     "nvidia.com/cuda.driver.rev": "15",
     "nvidia.com/cuda.runtime.major": "12",
     "nvidia.com/cuda.runtime.minor": "4",
-    "nvidia.com/mig.capable": "false",
+    "nvidia.com/mig.capable": "true",
 }
 
 

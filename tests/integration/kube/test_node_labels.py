@@ -72,8 +72,9 @@ def test_once_puts_the_briefs_labels_and_a_parseable_annotation(
         "cuda.runtime.minor": "4",
         "gpu.healthy": "8",
         "gpu.unhealthy": "0",  # always present (issue 17)
-        "mig.capable": "false",
+        "mig.capable": "true",  # an H100 can be partitioned
         "mig.enabled": "false",
+        "mig.strategy": "none",
     }
     gpus = annotation(control_plane.node(node))
     assert [g["index"] for g in gpus] == list(range(8))
@@ -164,6 +165,8 @@ GFD_DGX_H100 = {
     "nvidia.com/cuda.driver.rev": "15",
     "nvidia.com/cuda.runtime.major": "12",
     "nvidia.com/cuda.runtime.minor": "4",
+    "nvidia.com/mig.capable": "true",
+    "nvidia.com/mig.strategy": "none",
 }
 
 

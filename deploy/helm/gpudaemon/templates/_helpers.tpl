@@ -96,7 +96,7 @@ values. */}}
 {{- define "gpudaemon.agent.config" -}}
 {{- include "gpudaemon.checkSchedules" . -}}
 {{- $managed := dict
-  "labels" (dict "prefix" .Values.labelPrefix "to" "apiserver" "taint_unhealthy" .Values.agent.taintUnhealthy)
+  "labels" (dict "prefix" .Values.labelPrefix "to" "apiserver" "taint_unhealthy" .Values.agent.taintUnhealthy "mig_strategy" .Values.migStrategy)
   "metrics" (dict "listen" "0.0.0.0:9445")
   "kubernetes" (dict "lease_namespace" .Release.Namespace)
 -}}
