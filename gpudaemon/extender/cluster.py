@@ -5,6 +5,8 @@ moment.
 
 Free GPUs on a node = allocatable `nvidia.com/gpu` - requests of the non-terminal pods
 bound there - GPUs assumed for pods this extender ranked but has not yet seen bound.
+MIG devices (the device plugin's mixed strategy) are counted the same way, per profile
+resource `nvidia.com/mig-<profile>`.
 
 Why assume: the scheduler binds asynchronously and the pod watch lags by tens of ms, so
 in a burst several pods would be scored from the same stale count and pile onto the
@@ -23,8 +25,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from gpudaemon.extender.podspec import GPU_RESOURCE, pod_shape, quantity
-from gpudaemon.extender.state import NodeState, PodShape
+from gpudaemon.extender.podspec import GPU_RESOURCE, MIG_RESOURCE_PREFIX, pod_shape, quantity
+from gpudaemon.extender.state import MigCounts, NodeState, PodShape, add_mig
 from gpudaemon.kube.lease import lease_expiry
 from gpudaemon.labels.annotations import decode_gpus
 from gpudaemon.labels.sanitize import DEFAULT_PREFIX
@@ -115,7 +117,8 @@ class ClusterState:
         self._nodes: dict[str, NodeState] = {}  # without pod usage
         self._node_uids: dict[str, str] = {}
         self._pods: dict[str, _Pod] = {}  # by UID, bound and non-terminal only
-        self._usage: dict[str, tuple[int, int, int]] = {}  # node -> (gpus, cpu m, mem B)
+        # node -> (gpus, cpu m, mem B, MIG devices by profile)
+        self._usage: dict[str, tuple[int, int, int, MigCounts]] = {}
         self._assumed = AssumeCache(assume_ttl_s)
         self._leases: dict[str, tuple[float | None, str]] = {}  # node -> (expiry, owner)
         # node -> wall-clock time its agent data goes stale: the Lease's expiry when the
@@ -173,11 +176,24 @@ class ClusterState:
         has_agent = (p + "gpu.count") in labels
         count = _int(labels.get(p + "gpu.count"))
         healthy = _int(labels.get(p + "gpu.healthy"), default=count)
+        # `gpu.unhealthy` counts physical GPUs; under the single MIG strategy `gpu.count`
+        # counts MIG devices, so count - healthy would be wrong there.
+        unhealthy = _int(labels.get(p + "gpu.unhealthy"), default=max(0, count - healthy))
+        mig = tuple(
+            sorted(
+                (k.removeprefix(MIG_RESOURCE_PREFIX), n)
+                for k, v in alloc.items()
+                if isinstance(k, str)
+                and k.startswith(MIG_RESOURCE_PREFIX)
+                and (n := int(_q(v))) > 0
+            )
+        )
         self._nodes[name] = NodeState(
             name=name,
             gpu_model=str(labels.get(self.product_label, "")),
             gpus_allocatable=int(_q(alloc.get(GPU_RESOURCE))),
-            gpus_unhealthy=max(0, count - healthy),
+            gpus_unhealthy=max(0, unhealthy),
+            mig_allocatable=mig,
             cpu_allocatable_milli=int(_q(alloc.get("cpu")) * 1000),
             memory_allocatable_bytes=int(_q(alloc.get("memory"))),
             utilization_ratio=_mean_utilization((meta.get("annotations") or {}).get(p + "gpus")),
@@ -232,12 +248,14 @@ class ClusterState:
             self._add_usage(old.node, old.shape, -1)
 
     def _add_usage(self, node: str, s: PodShape, sign: int) -> None:
-        g, c, m = self._usage.get(node, (0, 0, 0))
+        g, c, m, mig = self._usage.get(node, (0, 0, 0, ()))
         g, c, m = g + sign * s.gpus, c + sign * s.cpu_milli, m + sign * s.memory_bytes
-        if (g, c, m) == (0, 0, 0):
+        if s.mig:
+            mig = add_mig(mig, s.mig, sign)
+        if (g, c, m, mig) == (0, 0, 0, ()):
             self._usage.pop(node, None)
         else:
-            self._usage[node] = (g, c, m)
+            self._usage[node] = (g, c, m, mig)
         self._states.pop(node, None)
 
     # -- leases -------------------------------------------------------------------
@@ -286,7 +304,7 @@ class ClusterState:
 
     def assume(self, pod_uid: str, node: str, shape: PodShape) -> None:
         """Count the pod on `node` until the watch reports where it really went."""
-        if not pod_uid or shape.gpus <= 0:
+        if not pod_uid or not shape.wants_gpus:
             return
         with self._lock:
             if pod_uid in self._pods:  # already bound: nothing to assume
@@ -318,9 +336,13 @@ class ClusterState:
                 if st is None:
                     base = self._nodes.get(name)
                     if base is not None:
-                        g, c, m = self._usage.get(name, (0, 0, 0))
+                        g, c, m, mig = self._usage.get(name, (0, 0, 0, ()))
                         st = replace(
-                            base, gpus_requested=g, cpu_requested_milli=c, memory_requested_bytes=m
+                            base,
+                            gpus_requested=g,
+                            cpu_requested_milli=c,
+                            memory_requested_bytes=m,
+                            mig_requested=mig,
                         )
                         self._states[name] = st
                 out[name] = st
@@ -344,7 +366,9 @@ class ClusterState:
         """Nodes with GPUs: an agent labelled them or they have nvidia.com/gpu."""
         with self._lock:
             return sorted(
-                n for n, st in self._nodes.items() if st.has_agent_labels or st.gpus_allocatable
+                n
+                for n, st in self._nodes.items()
+                if st.has_agent_labels or st.gpus_allocatable or st.mig_allocatable
             )
 
     def sizes(self) -> dict[str, int]:

@@ -26,6 +26,8 @@ from gpudaemon.extender.scoring import MAX_SCORE, Rejection, ScoreMemo, best_nod
 from gpudaemon.extender.state import PodShape
 from gpudaemon.httpserver import Readiness
 
+MIG_POLICY = "migpack"  # pods of MIG devices alone, unless their annotation says otherwise
+
 
 class BadPod(ValueError):
     """The pod in the request cannot be read (its resources): a 400 with this reason."""
@@ -89,11 +91,14 @@ class Framework:
         except (AttributeError, TypeError):
             raise BadPod("pod spec is malformed (containers/resources)") from None
 
-    def policy_for(self, pod: Mapping[str, Any]) -> Policy:
-        """The pod's policy (annotation), else the default. An unknown name is an error
-        the scheduler shows the user, not a silent fallback."""
+    def policy_for(self, pod: Mapping[str, Any], shape: PodShape | None = None) -> Policy:
+        """The pod's policy (annotation), else MIG packing for a pod of MIG devices
+        alone, else the default. An unknown name is an error the scheduler shows the
+        user, not a silent fallback."""
         chosen = pod_policy(pod)
         if chosen is None:
+            if shape is not None and shape.mig and not shape.gpus and MIG_POLICY in self.policies:
+                return self.policies[MIG_POLICY]
             return self.policies[self.default_policy]
         policy = self.policies.get(chosen)
         if policy is None:
@@ -123,11 +128,11 @@ class Framework:
 
     def filter(self, pod: Mapping[str, Any], names: Sequence[str]) -> FilterResult:
         shape = self.shape(pod)
-        if shape.gpus <= 0:  # not ours to judge: pass everything through, quickly
+        if not shape.wants_gpus:  # not ours to judge: pass everything through, quickly
             return FilterResult(list(names))
         self._require_ready()
         try:
-            policy = self.policy_for(pod)
+            policy = self.policy_for(pod, shape)
         except UnknownPodPolicy as e:
             self.metrics.filter_nodes.labels("unknown_policy").inc(len(names))
             return FilterResult([], {n: str(e) for n in names})
@@ -187,12 +192,12 @@ class Framework:
         and the pod reserved on it."""
         shape = self.shape(pod)
         try:
-            policy = self.policy_for(pod)
+            policy = self.policy_for(pod, shape)
         except UnknownPodPolicy:  # filter already failed every node with the reason
             return [(n, 0) for n in names]
         # A GPU-less pod reaches us only without managedResources; neutral unless the
         # policy judges where it strands GPUs (fragmentation does).
-        if shape.gpus <= 0 and not policy.scores_gpuless_pods:
+        if not shape.wants_gpus and not policy.scores_gpuless_pods:
             return [(n, 0) for n in names]
         self._require_ready()
         real = self._real_pod(pod, shape)

@@ -62,6 +62,7 @@ class ExtenderMetrics:
             "stale",
             "unhealthy",
             "insufficient_gpus",
+            "insufficient_mig",
             "outranked",
             "unknown_policy",
         ):

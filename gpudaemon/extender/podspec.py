@@ -18,6 +18,8 @@ from typing import Any
 from gpudaemon.extender.state import PodShape
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# The device plugin's mixed MIG strategy: one resource per profile, nvidia.com/mig-<p>.
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 POLICY_ANNOTATION = "gpudaemon.io/policy"
 
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
@@ -73,6 +75,10 @@ def _container_requests(c: Mapping[str, Any]) -> Resources:
             out[name] = quantity(requests[name])
         elif name == GPU_RESOURCE and name in limits:  # extended: request defaults to limit
             out[name] = quantity(limits[name])
+    for where in (limits, requests):  # requests win: read last
+        for name, v in where.items():
+            if isinstance(name, str) and name.startswith(MIG_RESOURCE_PREFIX):
+                out[name] = quantity(v)
     return out
 
 
@@ -91,7 +97,8 @@ def _max(a: Resources, b: Mapping[str, float]) -> Resources:
 
 
 def pod_requests(pod: Mapping[str, Any]) -> Resources:
-    """Effective requests of GPU, CPU (cores) and memory (bytes) for the pod."""
+    """Effective requests of GPUs, MIG devices by resource, CPU (cores) and memory
+    (bytes) for the pod."""
     spec = pod.get("spec") or {}
     total: Resources = {}
     for c in spec.get("containers") or []:
@@ -135,9 +142,17 @@ def gpu_models(pod: Mapping[str, Any], product_label: str) -> frozenset[str] | N
 
 def pod_shape(pod: Mapping[str, Any], product_label: str) -> PodShape:
     req = pod_requests(pod)
+    mig = tuple(
+        sorted(
+            (name.removeprefix(MIG_RESOURCE_PREFIX), math.ceil(v))
+            for name, v in req.items()
+            if name.startswith(MIG_RESOURCE_PREFIX) and v > 0
+        )
+    )
     return PodShape(
         # Rounded up, as resource.Quantity's MilliValue()/Value() do.
         gpus=math.ceil(req.get(GPU_RESOURCE, 0)),
+        mig=mig,
         cpu_milli=math.ceil(round(req.get("cpu", 0) * 1000, 6)),
         memory_bytes=math.ceil(req.get("memory", 0)),
         gpu_models=gpu_models(pod, product_label),

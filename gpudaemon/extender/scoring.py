@@ -46,6 +46,15 @@ def check_node(
             f"pod needs {pod.gpus} GPU(s), {node.gpus_free} healthy free"
             f" ({node.gpus_allocatable} allocatable, {node.gpus_requested} requested)",
         )
+    for profile, n in pod.mig:
+        free = node.mig_free.get(profile, 0)
+        if n > free:
+            alloc = dict(node.mig_allocatable).get(profile, 0)
+            return Rejection(
+                "insufficient_mig",
+                f"pod needs {n} nvidia.com/mig-{profile}, {free} free"
+                f" ({alloc} allocatable, {alloc - free} requested)",
+            )
     return None
 
 

@@ -19,9 +19,27 @@ class PodShape:
     # GPU products the pod may run on (its required node affinity on `gpu.product`);
     # None means any.
     gpu_models: frozenset[str] | None = None
+    # MIG devices asked for (mixed strategy): sorted (profile, count), e.g.
+    # (("1g.10gb", 2),) for nvidia.com/mig-1g.10gb: 2.
+    mig: tuple[tuple[str, int], ...] = ()
 
     def fits_model(self, model: str) -> bool:
         return self.gpu_models is None or model in self.gpu_models
+
+    @property
+    def wants_gpus(self) -> bool:
+        """Whether the extender judges this pod: it asks for GPUs or MIG devices."""
+        return self.gpus > 0 or bool(self.mig)
+
+
+MigCounts = tuple[tuple[str, int], ...]  # sorted (profile, count), hashable
+
+
+def add_mig(a: MigCounts, b: MigCounts, sign: int = 1) -> MigCounts:
+    out = dict(a)
+    for p, n in b:
+        out[p] = out.get(p, 0) + sign * n
+    return tuple(sorted((p, n) for p, n in out.items() if n))
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,13 +61,22 @@ class NodeState:
     utilization_ratio: float | None = None  # mean over GPUs, from the `gpus` annotation
     has_agent_labels: bool = True
     gpus_total: int = 0  # the agent's `gpu.count` (0: no agent labels)
+    # MIG devices by profile: allocatable nvidia.com/mig-<p>, and requested by bound and
+    # assumed pods (both sorted (profile, count)).
+    mig_allocatable: MigCounts = ()
+    mig_requested: MigCounts = ()
     # Healthy free GPUs. An unhealthy GPU may be one a pod holds or a free one;
     # counting it as free would overcommit a dead device, so it is subtracted.
     gpus_free: int = field(init=False, compare=False)
     cpu_free_milli: int = field(init=False, compare=False)
     memory_free_bytes: int = field(init=False, compare=False)
+    mig_free: dict[str, int] = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
+        used = dict(self.mig_requested)
+        object.__setattr__(
+            self, "mig_free", {p: max(0, n - used.get(p, 0)) for p, n in self.mig_allocatable}
+        )
         free = self.gpus_allocatable - self.gpus_requested - self.gpus_unhealthy
         object.__setattr__(self, "gpus_free", max(0, free))
         cpu = self.cpu_allocatable_milli - self.cpu_requested_milli
@@ -64,7 +91,12 @@ class NodeState:
             and pod.cpu_milli <= self.cpu_free_milli
             and pod.memory_bytes <= self.memory_free_bytes
             and (pod.gpu_models is None or self.gpu_model in pod.gpu_models)
+            and all(n <= self.mig_free.get(p, 0) for p, n in pod.mig)
         )
+
+    @property
+    def mig_free_total(self) -> int:
+        return sum(self.mig_free.values())
 
     def with_placed(self, pod: PodShape) -> NodeState:
         """The node after the pod lands on it."""
@@ -73,4 +105,5 @@ class NodeState:
             gpus_requested=self.gpus_requested + pod.gpus,
             cpu_requested_milli=self.cpu_requested_milli + pod.cpu_milli,
             memory_requested_bytes=self.memory_requested_bytes + pod.memory_bytes,
+            mig_requested=add_mig(self.mig_requested, pod.mig),
         )

@@ -22,6 +22,12 @@ from gpudaemon.model import MigDevice, Snapshot
 STRATEGIES = ("none", "single", "mixed")
 
 
+def resource_suffix(profile: str) -> str:
+    """`mig-<profile>`, as the device plugin names the resource (`+me` becomes `.me`:
+    a resource name cannot hold a `+`)."""
+    return "mig-" + profile.replace("+", ".")
+
+
 def attribute_labels(m: MigDevice) -> dict[str, int]:
     """GFD's per-MIG-device attributes, under the names it gives them (absent: unread)."""
     values = {
@@ -65,7 +71,7 @@ class MigLabeler:
         counts = Counter(m.profile for m in devices)
         out: dict[str, str | int | bool] = {}
         for m in devices:  # the first device of each profile describes it, as in GFD
-            key = f"mig-{m.profile}"
+            key = resource_suffix(m.profile)
             if f"{key}.count" in out:
                 continue
             out[f"{key}.count"] = counts[m.profile]

@@ -117,6 +117,8 @@ def test_real_kube_scheduler_accepts_the_chart_config(
     assert ext["urlPrefix"] == "http://127.0.0.1:9446"  # the sidecar (issue 17)
     assert ext["weight"] == 3 and ext["nodeCacheCapable"] is True
     # ignoredByScheduler: false is the default, which the scheduler writes out as absent.
-    assert ext["managedResources"] == [{"name": "nvidia.com/gpu"}]
+    names = [r["name"] for r in ext["managedResources"]]
+    assert names[0] == "nvidia.com/gpu" and "nvidia.com/mig-1g.10gb" in names
+    assert all(r == {"name": r["name"]} for r in ext["managedResources"])  # + and . accepted
     assert written["leaderElection"]["leaderElect"] is True
     assert written["leaderElection"]["resourceName"] == "gpudaemon-scheduler"

@@ -128,7 +128,11 @@ class SchedulerRig:
 
     # -- nodes and agents -----------------------------------------------------------
 
-    def add_node(self, name: str, group: str, gpus: int = 8) -> None:
+    def add_node(
+        self, name: str, group: str, gpus: int = 8, extra: dict[str, str] | None = None
+    ) -> None:
+        """`extra`: more allocatable resources (MIG devices, as the device plugin's mixed
+        strategy advertises them)."""
         body = {
             "apiVersion": "v1",
             "kind": "Node",
@@ -139,12 +143,14 @@ class SchedulerRig:
                     "cpu": "64",
                     "memory": "512Gi",
                     "pods": "110",
+                    **(extra or {}),
                 },
                 "allocatable": {
                     "nvidia.com/gpu": str(gpus),
                     "cpu": "64",
                     "memory": "512Gi",
                     "pods": "110",
+                    **(extra or {}),
                 },
                 "conditions": [
                     {"type": "Ready", "status": "True", "reason": "Test", "message": "plain Node"}
@@ -159,7 +165,13 @@ class SchedulerRig:
             content_type="application/merge-patch+json",
         )
 
-    def run_agents(self, nodes: Iterable[str], simulate: str = "dgx-h100", **kube: Any) -> None:
+    def run_agents(
+        self,
+        nodes: Iterable[str],
+        simulate: str = "dgx-h100",
+        labels: dict[str, Any] | None = None,
+        **kube: Any,
+    ) -> None:
         """The real agent, one cycle per node (in threads: it is I/O bound)."""
         errors: list[str] = []
 
@@ -170,7 +182,7 @@ class SchedulerRig:
                 overrides={
                     "simulate": simulate,
                     "node_name": node,
-                    "labels": {"to": "apiserver"},
+                    "labels": {"to": "apiserver", **(labels or {})},
                     "kubernetes": {"kubeconfig": str(self.cp.agent_kubeconfig), **kube},
                 },
             )
@@ -236,6 +248,45 @@ class SchedulerRig:
             body={"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec},
         )
         return name
+
+    def create_mig_pod(self, group: str, profile: str, count: int = 1) -> str:
+        """A pod asking for MIG devices of one profile (limits only, as users write it)."""
+        name = f"m-{uuid.uuid4().hex[:8]}"
+        spec: dict[str, Any] = {
+            "schedulerName": "gpudaemon-scheduler",
+            "nodeSelector": {GROUP: group},
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "example.invalid/x",
+                    "resources": {
+                        "requests": {"cpu": "100m", "memory": "1Gi"},
+                        "limits": {f"nvidia.com/mig-{profile}": str(count)},
+                    },
+                }
+            ],
+            "terminationGracePeriodSeconds": 0,
+        }
+        self.cp.admin.request(
+            "POST",
+            f"/api/v1/namespaces/{NS}/pods",
+            body={"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec},
+        )
+        return name
+
+    def requests_by_node(self, nodes: Iterable[str], resource: str) -> dict[str, int]:
+        """`resource` requested by the non-terminal pods bound to each node, from the API."""
+        out = {n: 0 for n in nodes}
+        for p in self.cp.admin.request("GET", f"/api/v1/namespaces/{NS}/pods").get("items") or []:
+            node = p["spec"].get("nodeName")
+            if node in out:
+                for c in p["spec"]["containers"]:
+                    res = c.get("resources") or {}
+                    v = (res.get("requests") or {}).get(resource) or (res.get("limits") or {}).get(
+                        resource, 0
+                    )
+                    out[node] += int(v)
+        return out
 
     def pod(self, name: str) -> dict[str, Any]:
         return self.cp.admin.request("GET", f"/api/v1/namespaces/{NS}/pods/{name}")
