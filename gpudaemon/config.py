@@ -314,6 +314,11 @@ class ExtenderConfig(_Section):
     # up in the watch. Longer than any bind; short enough that a pod that went elsewhere
     # unseen does not hide capacity for long.
     assume_ttl_seconds: Annotated[Number, Field(ge=1, le=600)] = 30.0
+    # The same for a gang's pod (label scheduling.x-k8s.io/pod-group): it waits at
+    # Coscheduling's Permit, unbound, until the whole gang has nodes, up to the
+    # PodGroup's scheduleTimeoutSeconds. Keep this above that timeout. A pod the
+    # scheduler tries again stops being counted at once, so a long value costs nothing.
+    gang_assume_ttl_seconds: Annotated[Number, Field(ge=1, le=3600)] = 600.0
     # How many of the policy's best nodes /filter passes on (0: every node that fits).
     # 1 is HAMi's style: the pick alone, no /prioritize call, in-tree scores have no say.
     # More: the scheduler's own preferences choose among that many of the best nodes.

@@ -94,7 +94,11 @@ class Extender:
         kube = client
         self.registry = registry or CollectorRegistry()
         ext = cfg.extender
-        self.cluster = ClusterState(cfg.labels.prefix, assume_ttl_s=ext.assume_ttl_seconds)
+        self.cluster = ClusterState(
+            cfg.labels.prefix,
+            assume_ttl_s=ext.assume_ttl_seconds,
+            gang_assume_ttl_s=ext.gang_assume_ttl_seconds,
+        )
         self.pending = PendingPods(self.cluster.product_label)
         cap = cfg.kubernetes.backoff_max_seconds
         c = self.cluster

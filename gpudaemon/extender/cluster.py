@@ -25,7 +25,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from gpudaemon.extender.podspec import GPU_RESOURCE, MIG_RESOURCE_PREFIX, pod_shape, quantity
+from gpudaemon.extender.podspec import (
+    GPU_RESOURCE,
+    MIG_RESOURCE_PREFIX,
+    pod_gang,
+    pod_shape,
+    quantity,
+)
 from gpudaemon.extender.state import MigCounts, NodeState, PodShape, add_mig
 from gpudaemon.kube.lease import lease_expiry
 from gpudaemon.labels.annotations import decode_gpus
@@ -52,6 +58,7 @@ class NodeListener(Protocol):
 class _Pod:
     node: str
     shape: PodShape
+    gang: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +66,7 @@ class _Assumed:
     node: str
     shape: PodShape
     expires_at: float
+    gang: str = ""
 
 
 def _expiry(lease: Obj) -> tuple[float | None, str]:
@@ -80,10 +88,18 @@ class AssumeCache:
         self.ttl_s = ttl_s
         self._by_uid: dict[str, _Assumed] = {}
 
-    def add(self, uid: str, node: str, shape: PodShape, now: float) -> _Assumed | None:
+    def add(
+        self,
+        uid: str,
+        node: str,
+        shape: PodShape,
+        now: float,
+        ttl_s: float | None = None,
+        gang: str = "",
+    ) -> _Assumed | None:
         """Assume `uid` on `node`; returns the assumption it replaces, if any."""
         old = self._by_uid.pop(uid, None)
-        self._by_uid[uid] = _Assumed(node, shape, now + self.ttl_s)
+        self._by_uid[uid] = _Assumed(node, shape, now + (ttl_s or self.ttl_s), gang)
         return old
 
     def pop(self, uid: str) -> _Assumed | None:
@@ -106,12 +122,16 @@ class ClusterState:
         prefix: str = DEFAULT_PREFIX,
         *,
         assume_ttl_s: float = 30.0,
+        gang_assume_ttl_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.prefix = prefix
         self.product_label = prefix + "gpu.product"
         self.assume_ttl_s = assume_ttl_s
+        # A gang's pods wait at Coscheduling's Permit, unbound, until the whole gang has
+        # nodes (up to its scheduleTimeoutSeconds): their GPUs stay counted that long.
+        self.gang_assume_ttl_s = max(assume_ttl_s, gang_assume_ttl_s)
         self.clock, self.wall = clock, wall
         self._lock = threading.RLock()
         self._nodes: dict[str, NodeState] = {}  # without pod usage
@@ -120,6 +140,7 @@ class ClusterState:
         # node -> (gpus, cpu m, mem B, MIG devices by profile)
         self._usage: dict[str, tuple[int, int, int, MigCounts]] = {}
         self._assumed = AssumeCache(assume_ttl_s)
+        self._gangs: dict[str, dict[str, int]] = {}  # gang -> node -> its pods there
         self._leases: dict[str, tuple[float | None, str]] = {}  # node -> (expiry, owner)
         # node -> wall-clock time its agent data goes stale: the Lease's expiry when the
         # Lease vouches for this Node object, else absent. Kept at event time so a
@@ -209,8 +230,8 @@ class ClusterState:
 
     def replace_pods(self, items: Iterable[Obj]) -> None:
         with self._lock:
-            self._pods.clear()
-            self._usage.clear()
+            for uid in list(self._pods):
+                self._drop_pod(uid)
             self._states.clear()
             for obj in items:
                 self._put_pod(obj)
@@ -239,13 +260,35 @@ class ClusterState:
             shape = pod_shape(obj, self.product_label)
         except ValueError:  # a quantity the API server accepted but we cannot read
             return
-        self._pods[uid] = _Pod(node, shape)
+        gang = pod_gang(obj)
+        self._pods[uid] = _Pod(node, shape, gang)
         self._add_usage(node, shape, +1)
+        self._add_gang(gang, node, +1)
 
     def _drop_pod(self, uid: str) -> None:
         old = self._pods.pop(uid, None)
         if old is not None:
             self._add_usage(old.node, old.shape, -1)
+            self._add_gang(old.gang, old.node, -1)
+
+    def _add_gang(self, gang: str, node: str, sign: int) -> None:
+        if not gang:
+            return
+        nodes = self._gangs.setdefault(gang, {})
+        n = nodes.get(node, 0) + sign
+        if n > 0:
+            nodes[node] = n
+        else:
+            nodes.pop(node, None)
+            if not nodes:
+                self._gangs.pop(gang, None)
+
+    def gang_nodes(self, gang: str) -> dict[str, int]:
+        """Nodes holding the gang's pods (bound or assumed), with how many each."""
+        with self._lock:
+            if self._assumed:
+                self._expire_assumed()
+            return dict(self._gangs.get(gang, {}))
 
     def _add_usage(self, node: str, s: PodShape, sign: int) -> None:
         g, c, m, mig = self._usage.get(node, (0, 0, 0, ()))
@@ -302,26 +345,37 @@ class ClusterState:
 
     # -- assumptions --------------------------------------------------------------
 
-    def assume(self, pod_uid: str, node: str, shape: PodShape) -> None:
+    def assume(self, pod_uid: str, node: str, shape: PodShape, gang: str = "") -> None:
         """Count the pod on `node` until the watch reports where it really went."""
         if not pod_uid or not shape.wants_gpus:
             return
         with self._lock:
             if pod_uid in self._pods:  # already bound: nothing to assume
                 return
-            old = self._assumed.add(pod_uid, node, shape, self.clock())
+            ttl = self.gang_assume_ttl_s if gang else self.assume_ttl_s
+            old = self._assumed.add(pod_uid, node, shape, self.clock(), ttl, gang)
             if old is not None:
                 self._add_usage(old.node, old.shape, -1)
+                self._add_gang(old.gang, old.node, -1)
             self._add_usage(node, shape, +1)
+            self._add_gang(gang, node, +1)
+
+    def unassume(self, pod_uid: str) -> None:
+        """The scheduler is trying the pod again, so its last placement did not happen
+        (a gang that timed out at Permit, a bind that failed): stop counting it."""
+        with self._lock:
+            self._drop_assumed(pod_uid)
 
     def _drop_assumed(self, uid: str) -> None:
         a = self._assumed.pop(uid)
         if a is not None:
             self._add_usage(a.node, a.shape, -1)
+            self._add_gang(a.gang, a.node, -1)
 
     def _expire_assumed(self) -> None:
         for a in self._assumed.expire(self.clock()):
             self._add_usage(a.node, a.shape, -1)
+            self._add_gang(a.gang, a.node, -1)
 
     # -- reads --------------------------------------------------------------------
 

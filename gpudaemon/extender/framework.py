@@ -20,13 +20,16 @@ from typing import Any
 from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.extender.metrics import ExtenderMetrics
 from gpudaemon.extender.pods import PodVerifier
-from gpudaemon.extender.podspec import POLICY_ANNOTATION, pod_policy, pod_shape
+from gpudaemon.extender.podspec import POLICY_ANNOTATION, pod_gang, pod_policy, pod_shape
 from gpudaemon.extender.policies.base import Policy, UnknownPolicyError
 from gpudaemon.extender.scoring import MAX_SCORE, Rejection, ScoreMemo, best_nodes, check_node, rank
 from gpudaemon.extender.state import PodShape
 from gpudaemon.httpserver import Readiness
 
 MIG_POLICY = "migpack"  # pods of MIG devices alone, unless their annotation says otherwise
+# A gang pod's raw score bonus on nodes holding its gang, and on nodes of their product.
+GANG_SAME_NODE = 1e9
+GANG_SAME_PRODUCT = 1e6
 
 
 class BadPod(ValueError):
@@ -108,16 +111,40 @@ class Framework:
             )
         return policy
 
-    def _real_pod(self, pod: Mapping[str, Any], shape: PodShape) -> tuple[str, PodShape] | None:
-        """(UID, requests) of the real pod behind the body, or None: then nothing is
-        reserved or learned for it, and the reason is counted."""
+    def _real_pod(
+        self, pod: Mapping[str, Any], shape: PodShape
+    ) -> tuple[str, PodShape, str] | None:
+        """(UID, requests, gang) of the real pod behind the body, or None: then nothing
+        is reserved or learned for it, and the reason is counted."""
         if self.verifier is None:  # trusted (tests, benchmarks); "" is never reserved
-            return _uid(pod), shape
+            return _uid(pod), shape, pod_gang(pod)
         real, why = self.verifier.verify(pod)
         if real is None:
             self.metrics.unverified.labels(why).inc()
             return None
-        return real.uid, real.shape
+        return real.uid, real.shape, real.gang
+
+    def _with_gang(
+        self, raw: dict[str, float], gang: str, states: Mapping[str, Any]
+    ) -> dict[str, float]:
+        """A gang's pods go together: nodes already holding some of the gang first,
+        then nodes of the same GPU product as those, each tier ordered by the policy
+        (the bonuses exceed any policy's spread of raw scores)."""
+        if not gang or not raw:
+            return raw
+        held = self.cluster.gang_nodes(gang)
+        if not held:
+            return raw
+        products = {st.gpu_model for n in held if (st := states.get(n)) is not None}
+        out = {}
+        for n, v in raw.items():
+            st = states.get(n)
+            if n in held:
+                v += GANG_SAME_NODE
+            elif st is not None and st.gpu_model in products:
+                v += GANG_SAME_PRODUCT
+            out[n] = v
+        return out
 
     def _require_ready(self) -> None:
         ready, why = self.ready()
@@ -138,6 +165,9 @@ class Framework:
             return FilterResult([], {n: str(e) for n in names})
         real = self._real_pod(pod, shape)
         if real is not None:
+            # Filtered again: its last placement did not happen (a gang timed out at
+            # Permit, a bind failed), so it no longer holds the GPUs it was assumed on.
+            self.cluster.unassume(real[0])
             for p in self.policies.values():
                 p.observe_pod(real[0], real[1])
             if self.observe is not None:
@@ -163,6 +193,8 @@ class Framework:
                 # nowhere, and here some node fits; listing them would cost the
                 # scheduler a map of every node to decode per pod.
                 raw = self._scores.scores(policy, shape, passed, states)
+                if real is not None:
+                    raw = self._with_gang(raw, real[2], states)
                 if raw:  # none scorable (our CPU/memory view says no node fits, the
                     # scheduler's says some do): leave the choice to the scheduler
                     keep = best_nodes(raw, self.candidates)
@@ -179,7 +211,7 @@ class Framework:
                 # The scheduler skips /prioritize with one feasible node, so the pod
                 # would never be reserved: reserve it here, or the next pods of a burst
                 # are judged from a count that misses it.
-                self._reserve(real[0], passed[0], real[1])
+                self._reserve(real[0], passed[0], real[1], real[2])
         for reason, count in removed.items():
             self.metrics.filter_nodes.labels(reason).inc(count)
         self.metrics.filter_nodes.labels("passed").inc(len(passed))
@@ -204,9 +236,11 @@ class Framework:
         with self._lock:
             states = self.cluster.snapshot(names).states
             raw = self._scores.scores(policy, shape, names, states)
+            if real is not None:
+                raw = self._with_gang(raw, real[2], states)
             top, level = rank(raw)
             if top is not None and real is not None:
-                self._reserve(real[0], top, real[1])
+                self._reserve(real[0], top, real[1], real[2])
         get = raw.get
         return [
             (n, MAX_SCORE if n == top else level.get(get(n), 0))  # type: ignore[arg-type]
@@ -215,10 +249,10 @@ class Framework:
 
     # -- reserve ------------------------------------------------------------------
 
-    def _reserve(self, uid: str, node: str, shape: PodShape) -> None:
+    def _reserve(self, uid: str, node: str, shape: PodShape, gang: str = "") -> None:
         """Count the pod on `node` until the watch shows its binding (cluster.assume)."""
         if uid:
-            self.cluster.assume(uid, node, shape)
+            self.cluster.assume(uid, node, shape, gang)
             self.metrics.assumed.inc()
 
 

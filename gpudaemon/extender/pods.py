@@ -24,7 +24,7 @@ from typing import Any
 
 from gpudaemon.config import DNS1123_SUBDOMAIN
 from gpudaemon.errors import KubeError, KubeNotFoundError
-from gpudaemon.extender.podspec import pod_shape
+from gpudaemon.extender.podspec import pod_gang, pod_shape
 from gpudaemon.extender.state import PodShape
 
 Obj = Mapping[str, Any]
@@ -39,6 +39,7 @@ class RealPod:
     namespace: str
     name: str
     shape: PodShape
+    gang: str = ""  # namespace/podgroup (Coscheduling's label), "" for none
 
 
 class PendingPods:
@@ -58,7 +59,9 @@ class PendingPods:
             shape = pod_shape(obj, self.product_label)
         except (ValueError, AttributeError, TypeError):
             return None
-        return RealPod(uid, str(meta.get("namespace", "")), str(meta.get("name", "")), shape)
+        return RealPod(
+            uid, str(meta.get("namespace", "")), str(meta.get("name", "")), shape, pod_gang(obj)
+        )
 
     def replace(self, items: Iterable[Obj]) -> None:
         pods = {p.uid: p for o in items if (p := self.parse(o)) is not None}

@@ -21,6 +21,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # The device plugin's mixed MIG strategy: one resource per profile, nvidia.com/mig-<p>.
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 POLICY_ANNOTATION = "gpudaemon.io/policy"
+# scheduler-plugins' Coscheduling: pods with this label form a gang (a PodGroup).
+GANG_LABEL = "scheduling.x-k8s.io/pod-group"
 
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
 _SUFFIX: dict[str, float] = {
@@ -157,6 +159,15 @@ def pod_shape(pod: Mapping[str, Any], product_label: str) -> PodShape:
         memory_bytes=math.ceil(req.get("memory", 0)),
         gpu_models=gpu_models(pod, product_label),
     )
+
+
+def pod_gang(pod: Mapping[str, Any]) -> str:
+    """`namespace/podgroup` of the pod's gang, "" when it is in none."""
+    meta = pod.get("metadata") or {}
+    group = (meta.get("labels") or {}).get(GANG_LABEL)
+    if not isinstance(group, str) or not group:
+        return ""
+    return f"{meta.get('namespace') or ''}/{group}"
 
 
 def pod_policy(pod: Mapping[str, Any]) -> str | None:
