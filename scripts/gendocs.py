@@ -512,6 +512,24 @@ def values_schema() -> str:
                 "extenderHttpTimeout": DURATION,
                 "extenderIgnorable": B,
                 "plugins": MAP,
+                "gang": obj(
+                    {
+                        "enabled": B,
+                        "image": obj(
+                            {
+                                "repository": {"type": "string", "minLength": 1},
+                                "tag": {"type": "string", "minLength": 1},
+                            }
+                        ),
+                        "permitWaitingTimeSeconds": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": 3600,
+                        },
+                        "podGroupBackoffSeconds": INT0,
+                        "installCRD": B,
+                    }
+                ),
                 "managedResources": {
                     "type": "array",
                     "items": obj(

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 from loguru import logger
@@ -46,6 +47,19 @@ LOOKUP_TIMEOUT_S = 1.0
 def pending_selector(scheduler_name: str) -> str:
     """Unbound pods of our scheduler: the only pods GPUs are booked for (pods.py)."""
     return f"spec.nodeName=,spec.schedulerName={scheduler_name}"
+
+
+def unschedulable_since(pod: Mapping[str, Any]) -> float | None:
+    """Wall time the scheduler last marked the pod unschedulable (its PodScheduled=False
+    condition), or None. A gang rejected at Coscheduling's Permit shows up this way."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            try:
+                t = datetime.fromisoformat(str(cond.get("lastTransitionTime", "")))
+            except ValueError:
+                return None
+            return t.timestamp() if t.tzinfo else None
+    return None
 
 
 def make_policies(cfg: Config) -> dict[str, Policy]:
@@ -112,7 +126,7 @@ class Extender:
             Reflector(client, "leases", lease_path(cfg.kubernetes.lease_namespace),
                       c.replace_leases, c.lease_event, backoff=Backoff(0.5, cap), clock=clock),
             Reflector(client, "pending", "/api/v1/pods", self.pending.replace,
-                      self.pending.event, query={"fieldSelector": pending},
+                      self._pending_event, query={"fieldSelector": pending},
                       backoff=Backoff(0.5, cap), clock=clock),
         ]  # fmt: skip
         self.verifier = PodVerifier(
@@ -178,6 +192,13 @@ class Extender:
             r.kind: None if r.last_sync_at is None else max(0.0, now - r.last_sync_at)
             for r in self.reflectors
         }
+
+    def _pending_event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        self.pending.event(kind, obj)
+        failed = unschedulable_since(obj) if kind == "MODIFIED" else None
+        if failed is not None:
+            uid = str((obj.get("metadata") or {}).get("uid") or "")
+            self.cluster.unassume_if_failed_since(uid, failed)
 
     def start(self) -> None:
         self.server.start()  # first: a bad listen address exits 2 before any API call

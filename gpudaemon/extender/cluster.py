@@ -19,6 +19,7 @@ pod is gone before we saw it, or it stayed pending).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -67,6 +68,7 @@ class _Assumed:
     shape: PodShape
     expires_at: float
     gang: str = ""
+    assumed_wall: float = 0.0  # wall-clock time of the assumption
 
 
 def _expiry(lease: Obj) -> tuple[float | None, str]:
@@ -96,11 +98,15 @@ class AssumeCache:
         now: float,
         ttl_s: float | None = None,
         gang: str = "",
+        wall: float = 0.0,
     ) -> _Assumed | None:
         """Assume `uid` on `node`; returns the assumption it replaces, if any."""
         old = self._by_uid.pop(uid, None)
-        self._by_uid[uid] = _Assumed(node, shape, now + (ttl_s or self.ttl_s), gang)
+        self._by_uid[uid] = _Assumed(node, shape, now + (ttl_s or self.ttl_s), gang, wall)
         return old
+
+    def get(self, uid: str) -> _Assumed | None:
+        return self._by_uid.get(uid)
 
     def pop(self, uid: str) -> _Assumed | None:
         return self._by_uid.pop(uid, None)
@@ -137,8 +143,10 @@ class ClusterState:
         self._nodes: dict[str, NodeState] = {}  # without pod usage
         self._node_uids: dict[str, str] = {}
         self._pods: dict[str, _Pod] = {}  # by UID, bound and non-terminal only
-        # node -> (gpus, cpu m, mem B, MIG devices by profile)
+        # node -> (gpus, cpu m, mem B, MIG devices by profile), bound and assumed pods
         self._usage: dict[str, tuple[int, int, int, MigCounts]] = {}
+        # node -> (gpus, MIG devices) of the assumed pods alone (part of _usage)
+        self._assumed_usage: dict[str, tuple[int, MigCounts]] = {}
         self._assumed = AssumeCache(assume_ttl_s)
         self._gangs: dict[str, dict[str, int]] = {}  # gang -> node -> its pods there
         self._leases: dict[str, tuple[float | None, str]] = {}  # node -> (expiry, owner)
@@ -353,12 +361,39 @@ class ClusterState:
             if pod_uid in self._pods:  # already bound: nothing to assume
                 return
             ttl = self.gang_assume_ttl_s if gang else self.assume_ttl_s
-            old = self._assumed.add(pod_uid, node, shape, self.clock(), ttl, gang)
+            old = self._assumed.add(pod_uid, node, shape, self.clock(), ttl, gang, self.wall())
             if old is not None:
-                self._add_usage(old.node, old.shape, -1)
-                self._add_gang(old.gang, old.node, -1)
+                self._unassume_usage(old)
             self._add_usage(node, shape, +1)
+            self._add_assumed(node, shape, +1)
             self._add_gang(gang, node, +1)
+
+    def _add_assumed(self, node: str, s: PodShape, sign: int) -> None:
+        g, mig = self._assumed_usage.get(node, (0, ()))
+        g += sign * s.gpus
+        if s.mig:
+            mig = add_mig(mig, s.mig, sign)
+        if (g, mig) == (0, ()):
+            self._assumed_usage.pop(node, None)
+        else:
+            self._assumed_usage[node] = (g, mig)
+
+    def _unassume_usage(self, a: _Assumed) -> None:
+        self._add_usage(a.node, a.shape, -1)
+        self._add_assumed(a.node, a.shape, -1)
+        self._add_gang(a.gang, a.node, -1)
+
+    def unassume_if_failed_since(self, pod_uid: str, failed_at: float) -> None:
+        """The scheduler reported the pod unschedulable at wall time `failed_at` (its
+        PodScheduled=False condition): an assumption made before then is void."""
+        with self._lock:
+            a = self._assumed.get(pod_uid)
+            if a is not None and failed_at >= math.floor(a.assumed_wall):
+                self._drop_assumed(pod_uid)
+
+    def is_assumed(self, pod_uid: str) -> bool:
+        with self._lock:
+            return self._assumed.get(pod_uid) is not None
 
     def unassume(self, pod_uid: str) -> None:
         """The scheduler is trying the pod again, so its last placement did not happen
@@ -369,13 +404,11 @@ class ClusterState:
     def _drop_assumed(self, uid: str) -> None:
         a = self._assumed.pop(uid)
         if a is not None:
-            self._add_usage(a.node, a.shape, -1)
-            self._add_gang(a.gang, a.node, -1)
+            self._unassume_usage(a)
 
     def _expire_assumed(self) -> None:
         for a in self._assumed.expire(self.clock()):
-            self._add_usage(a.node, a.shape, -1)
-            self._add_gang(a.gang, a.node, -1)
+            self._unassume_usage(a)
 
     # -- reads --------------------------------------------------------------------
 
@@ -391,12 +424,15 @@ class ClusterState:
                     base = self._nodes.get(name)
                     if base is not None:
                         g, c, m, mig = self._usage.get(name, (0, 0, 0, ()))
+                        ag, amig = self._assumed_usage.get(name, (0, ()))
                         st = replace(
                             base,
                             gpus_requested=g,
                             cpu_requested_milli=c,
                             memory_requested_bytes=m,
                             mig_requested=mig,
+                            gpus_assumed=ag,
+                            mig_assumed=amig,
                         )
                         self._states[name] = st
                 out[name] = st

@@ -29,7 +29,8 @@ from gpudaemon.httpserver import Readiness
 MIG_POLICY = "migpack"  # pods of MIG devices alone, unless their annotation says otherwise
 # A gang pod's raw score bonus on nodes holding its gang, and on nodes of their product.
 GANG_SAME_NODE = 1e9
-GANG_SAME_PRODUCT = 1e6
+GANG_WHOLE_FITS = 1e6  # a node with room for all of the gang still to place
+GANG_SAME_PRODUCT = 1e3
 
 
 class BadPod(ValueError):
@@ -79,6 +80,8 @@ class Framework:
         # None trusts the body's pod (in-process tests and benchmarks only): the
         # `gpudaemon extender` program always verifies (see pods.py).
         self.verifier = verifier
+        # The pending pods, by gang: how much of a gang is still to place.
+        self.pending = verifier.pending if verifier is not None else None
         self._lock = threading.Lock()
         self._scores = ScoreMemo()  # used under _lock
         for p in self.policies.values():  # what they learn from nodes, off the request path
@@ -125,23 +128,34 @@ class Framework:
         return real.uid, real.shape, real.gang
 
     def _with_gang(
-        self, raw: dict[str, float], gang: str, states: Mapping[str, Any]
+        self, raw: dict[str, float], real: tuple[str, PodShape, str], states: Mapping[str, Any]
     ) -> dict[str, float]:
-        """A gang's pods go together: nodes already holding some of the gang first,
-        then nodes of the same GPU product as those, each tier ordered by the policy
-        (the bonuses exceed any policy's spread of raw scores)."""
+        """A gang's pods go together, on as few nodes as fit: a node already holding
+        some of the gang first; else a node with room for all of the gang still to
+        place (this pod and its pending siblings not yet placed), so the gang starts
+        where it can finish; nodes of the GPU product the gang already has before
+        others. Each tier is ordered by the policy (the bonuses exceed any policy's
+        spread of raw scores), so bin-packing picks the fullest node that fits."""
+        uid, shape, gang = real
         if not gang or not raw:
             return raw
         held = self.cluster.gang_nodes(gang)
-        if not held:
-            return raw
+        remaining = shape.gpus
+        if self.pending is not None:
+            remaining += sum(
+                p.shape.gpus
+                for p in self.pending.gang_members(gang)
+                if p.uid != uid and not self.cluster.is_assumed(p.uid)
+            )
         products = {st.gpu_model for n in held if (st := states.get(n)) is not None}
         out = {}
         for n, v in raw.items():
             st = states.get(n)
             if n in held:
                 v += GANG_SAME_NODE
-            elif st is not None and st.gpu_model in products:
+            elif st is not None and remaining > shape.gpus and st.gpus_free >= remaining:
+                v += GANG_WHOLE_FITS
+            if st is not None and st.gpu_model in products:
                 v += GANG_SAME_PRODUCT
             out[n] = v
         return out
@@ -194,7 +208,7 @@ class Framework:
                 # scheduler a map of every node to decode per pod.
                 raw = self._scores.scores(policy, shape, passed, states)
                 if real is not None:
-                    raw = self._with_gang(raw, real[2], states)
+                    raw = self._with_gang(raw, real, states)
                 if raw:  # none scorable (our CPU/memory view says no node fits, the
                     # scheduler's says some do): leave the choice to the scheduler
                     keep = best_nodes(raw, self.candidates)
@@ -237,7 +251,7 @@ class Framework:
             states = self.cluster.snapshot(names).states
             raw = self._scores.scores(policy, shape, names, states)
             if real is not None:
-                raw = self._with_gang(raw, real[2], states)
+                raw = self._with_gang(raw, real, states)
             top, level = rank(raw)
             if top is not None and real is not None:
                 self._reserve(real[0], top, real[1], real[2])

@@ -49,6 +49,7 @@ class PendingPods:
         self.product_label = product_label
         self._lock = threading.Lock()
         self._by_uid: dict[str, RealPod] = {}
+        self._gangs: dict[str, dict[str, RealPod]] = {}  # gang -> its pending pods by UID
 
     def parse(self, obj: Obj) -> RealPod | None:
         meta = obj.get("metadata") or {}
@@ -65,21 +66,43 @@ class PendingPods:
 
     def replace(self, items: Iterable[Obj]) -> None:
         pods = {p.uid: p for o in items if (p := self.parse(o)) is not None}
+        gangs: dict[str, dict[str, RealPod]] = {}
+        for p in pods.values():
+            if p.gang:
+                gangs.setdefault(p.gang, {})[p.uid] = p
         with self._lock:
-            self._by_uid = pods
+            self._by_uid, self._gangs = pods, gangs
 
     def event(self, kind: str, obj: Obj) -> None:
         uid = str((obj.get("metadata") or {}).get("uid") or "")
         pod = None if kind == "DELETED" else self.parse(obj)
         with self._lock:
-            if pod is None:
-                self._by_uid.pop(uid, None)
-            else:
-                self._by_uid[uid] = pod
+            self._drop(uid)
+            if pod is not None:
+                self._put(pod)
 
     def add(self, pod: RealPod) -> None:
         with self._lock:
-            self._by_uid[pod.uid] = pod
+            self._drop(pod.uid)
+            self._put(pod)
+
+    def _put(self, pod: RealPod) -> None:
+        self._by_uid[pod.uid] = pod
+        if pod.gang:
+            self._gangs.setdefault(pod.gang, {})[pod.uid] = pod
+
+    def _drop(self, uid: str) -> None:
+        old = self._by_uid.pop(uid, None)
+        if old is not None and old.gang:
+            members = self._gangs.get(old.gang, {})
+            members.pop(uid, None)
+            if not members:
+                self._gangs.pop(old.gang, None)
+
+    def gang_members(self, gang: str) -> list[RealPod]:
+        """The gang's pods that are not bound yet (waiting at Permit included)."""
+        with self._lock:
+            return list(self._gangs.get(gang, {}).values())
 
     def get(self, uid: str) -> RealPod | None:
         with self._lock:

@@ -40,14 +40,17 @@ def check_node(
             "unhealthy",
             f"{node.gpus_unhealthy} GPU(s) on the node unhealthy (lost, XID or ECC)",
         )
-    if pod.gpus > node.gpus_free:
+    # Capacity by bound pods only: kube-scheduler's own filter, which ran first, counts
+    # its in-flight pods; our assumptions only steer the ranking (state.NodeState).
+    if pod.gpus > node.gpus_free_bound:
         return Rejection(
             "insufficient_gpus",
-            f"pod needs {pod.gpus} GPU(s), {node.gpus_free} healthy free"
-            f" ({node.gpus_allocatable} allocatable, {node.gpus_requested} requested)",
+            f"pod needs {pod.gpus} GPU(s), {node.gpus_free_bound} healthy free"
+            f" ({node.gpus_allocatable} allocatable,"
+            f" {node.gpus_requested - node.gpus_assumed} requested)",
         )
     for profile, n in pod.mig:
-        free = node.mig_free.get(profile, 0)
+        free = node.mig_free_bound.get(profile, 0)
         if n > free:
             alloc = dict(node.mig_allocatable).get(profile, 0)
             return Rejection(

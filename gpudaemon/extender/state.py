@@ -65,18 +65,36 @@ class NodeState:
     # assumed pods (both sorted (profile, count)).
     mig_allocatable: MigCounts = ()
     mig_requested: MigCounts = ()
+    # Of the requested: what only this extender's assumptions hold (pods it ranked but
+    # has not seen bound). The filter leaves them out: kube-scheduler's own cache counts
+    # its in-flight pods exactly (its NodeResourcesFit filter runs first), while an
+    # assumption can outlive its pod's placement (a gang rejected at Permit), and
+    # counting it would turn away pods from GPUs that are free. Ranking counts them.
+    gpus_assumed: int = 0
+    mig_assumed: MigCounts = ()
     # Healthy free GPUs. An unhealthy GPU may be one a pod holds or a free one;
     # counting it as free would overcommit a dead device, so it is subtracted.
     gpus_free: int = field(init=False, compare=False)
     cpu_free_milli: int = field(init=False, compare=False)
     memory_free_bytes: int = field(init=False, compare=False)
     mig_free: dict[str, int] = field(init=False, compare=False)
+    # The same without this extender's assumptions: what the filter judges.
+    gpus_free_bound: int = field(init=False, compare=False)
+    mig_free_bound: dict[str, int] = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         used = dict(self.mig_requested)
         object.__setattr__(
             self, "mig_free", {p: max(0, n - used.get(p, 0)) for p, n in self.mig_allocatable}
         )
+        assumed = dict(self.mig_assumed)
+        object.__setattr__(
+            self,
+            "mig_free_bound",
+            {p: max(0, n - used.get(p, 0) + assumed.get(p, 0)) for p, n in self.mig_allocatable},
+        )
+        bound = self.gpus_allocatable - self.gpus_requested + self.gpus_assumed
+        object.__setattr__(self, "gpus_free_bound", max(0, bound - self.gpus_unhealthy))
         free = self.gpus_allocatable - self.gpus_requested - self.gpus_unhealthy
         object.__setattr__(self, "gpus_free", max(0, free))
         cpu = self.cpu_allocatable_milli - self.cpu_requested_milli
@@ -106,4 +124,6 @@ class NodeState:
             cpu_requested_milli=self.cpu_requested_milli + pod.cpu_milli,
             memory_requested_bytes=self.memory_requested_bytes + pod.memory_bytes,
             mig_requested=add_mig(self.mig_requested, pod.mig),
+            gpus_assumed=self.gpus_assumed + pod.gpus,
+            mig_assumed=add_mig(self.mig_assumed, pod.mig),
         )

@@ -62,10 +62,14 @@ class SchedulerRig:
         with_extender: bool,
         url: str | None = None,
         tls: dict[str, str] | None = None,
+        conf: dict[str, Any] | None = None,
+        binary: str = "kube-scheduler",
     ) -> None:
         """`url`: an extender other than the in-process one (a real `gpudaemon
-        extender` process); `tls`: kube-scheduler's extender tlsConfig (mutual TLS)."""
-        conf = yaml.safe_load(SCHED_CONFIG.read_text())
+        extender` process); `tls`: kube-scheduler's extender tlsConfig (mutual TLS);
+        `conf`: another KubeSchedulerConfiguration than the shipped example (the
+        chart's gang one); `binary`: kube-scheduler-plugins for Coscheduling."""
+        conf = conf or yaml.safe_load(SCHED_CONFIG.read_text())
         conf["leaderElection"] = {"leaderElect": False}
         conf["clientConnection"] = {"kubeconfig": str(self.cp.admin_kubeconfig)}
         if with_extender:
@@ -87,7 +91,7 @@ class SchedulerRig:
         log = open(self.dir / f"scheduler-{name}.log", "wb")  # noqa: SIM115 - the child's
         proc = subprocess.Popen(
             [
-                str(self.cp.bin / "kube-scheduler"),
+                str(self.cp.bin / binary),
                 f"--config={path}",
                 f"--secure-port={port}",
                 "--bind-address=127.0.0.1",
@@ -220,6 +224,7 @@ class SchedulerRig:
         node: str | None = None,
         name: str | None = None,
         selector: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
     ) -> str:
         name = name or f"p-{uuid.uuid4().hex[:8]}"
         res: dict[str, Any] = {"cpu": f"{gpus}", "memory": f"{gpus * 8}Gi"}
@@ -245,7 +250,12 @@ class SchedulerRig:
         self.cp.admin.request(
             "POST",
             f"/api/v1/namespaces/{NS}/pods",
-            body={"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec},
+            body={
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "labels": labels or {}},
+                "spec": spec,
+            },
         )
         return name
 

@@ -17,7 +17,7 @@ from gpudaemon.extender.api import ExtenderApi
 from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.extender.policies import BinPack, Spread
 from gpudaemon.extender.policies.fragmentation import Fragmentation, Workload
-from gpudaemon.extender.scoring import best_nodes, to_levels
+from gpudaemon.extender.scoring import best_nodes, check_node, to_levels
 from gpudaemon.extender.state import PodShape
 from tests.clock import FakeClock
 from tests.unit.extender.test_cluster import lease_obj, node_obj, pod_obj
@@ -350,11 +350,18 @@ def test_memoized_answers_equal_scores_computed_afresh(
                 for n, s in c.states(names).items()
                 if s is not None and s.can_host(shape)
             }
+            # The filter judges capacity by bound pods alone (assumptions only rank):
+            # every node that passes, scored or not.
+            feasible = [
+                n for n, s in c.states(names).items() if check_node(s, shape, fresh=True) is None
+            ]
             _, filtered = call(api, "/filter", body)
-            if len(raw) > 2:  # narrowed to the best two, best first
-                assert filtered["NodeNames"] == best_nodes(raw, 2)
-            else:  # nothing to narrow: every node that fits, in the scheduler's order
-                assert set(filtered["NodeNames"]) == set(raw)
+            if len(feasible) > 2 and raw:  # narrowed to the best two, best first
+                keep = best_nodes(raw, 2)
+                keep += [n for n in feasible if n not in raw][: 2 - len(keep)]
+                assert filtered["NodeNames"] == keep
+            else:  # nothing to narrow: every node that passes, in the scheduler's order
+                assert set(filtered["NodeNames"]) == set(feasible)
             if len(filtered["NodeNames"]) < 2:
                 continue  # the scheduler skips /prioritize (and /filter assumed the pod)
             _, scores = call(api, "/prioritize", body)

@@ -83,3 +83,36 @@ def test_filtering_a_gang_pod_again_releases_its_old_placement() -> None:
     assert c.states(["c"])["c"].gpus_free == 6  # type: ignore[union-attr]
     call(api, "/filter", json.dumps({"Pod": p, "NodeNames": ["a", "b", "c"]}).encode())
     assert c.states(["c"])["c"].gpus_free == 8  # type: ignore[union-attr]
+
+
+def test_a_pod_marked_unschedulable_after_its_assumption_is_no_longer_counted() -> None:
+    from gpudaemon.extender.app import unschedulable_since
+    from gpudaemon.kube.lease import micro_time
+
+    wall = FakeClock()
+    c = ClusterState(wall=wall)
+    c.replace_nodes([node_obj("a")])
+    c.assume("g1", "a", PodShape(8), gang="default/train")
+    before = gang_pod("g1", 8)
+    before["status"]["conditions"] = [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "lastTransitionTime": micro_time(wall() - 60)[:19] + "Z",
+        }
+    ]
+    failed = unschedulable_since(before)
+    assert failed is not None
+    c.unassume_if_failed_since("g1", failed)  # an old failure: the assumption stands
+    assert c.states(["a"])["a"].gpus_free == 0  # type: ignore[union-attr]
+    after = gang_pod("g1", 8)
+    after["status"]["conditions"] = [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "lastTransitionTime": micro_time(wall() + 1)[:19] + "Z",
+        }
+    ]
+    c.unassume_if_failed_since("g1", unschedulable_since(after))  # type: ignore[arg-type]
+    assert c.states(["a"])["a"].gpus_free == 8  # type: ignore[union-attr]
+    assert unschedulable_since(gang_pod("x", 1)) is None

@@ -57,10 +57,15 @@ def test_free_devices_per_profile_from_allocatable_bound_and_assumed_pods() -> N
     c.assume("p3", "a", PodShape(0, mig=(("1g.10gb", 4),)))
     a = c.states(["a"])["a"]
     assert a is not None and a.mig_free == {"1g.10gb": 0, "3g.40gb": 1}
-    assert not a.can_host(PodShape(0, mig=(("1g.10gb", 1),)))
-    why = check_node(a, PodShape(0, mig=(("1g.10gb", 1),)), fresh=True)
+    one = PodShape(0, mig=(("1g.10gb", 1),))
+    assert not a.can_host(one)  # the ranking counts the assumption...
+    assert check_node(a, one, fresh=True) is None  # ...the filter leaves it to the scheduler
+    c.pod_event("ADDED", mig_pod("p4", "a", **{"1g_10gb": 4}))  # bound: the filter counts it
+    a = c.states(["a"])["a"]
+    why = check_node(a, one, fresh=True)
     assert why is not None and why.reason == "insufficient_mig"
     assert why.message == "pod needs 1 nvidia.com/mig-1g.10gb, 0 free (7 allocatable, 7 requested)"
+    c.pod_event("DELETED", mig_pod("p4", "a"))
     c.pod_event("DELETED", mig_pod("p1", "a"))
     clock.t += 31  # the assumption lapses
     a = c.states(["a"])["a"]
