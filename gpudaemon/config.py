@@ -344,6 +344,47 @@ class ExtenderConfig(_Section):
     typical_pods: list[TypicalPod] = []
 
 
+_SELECTOR_REQ = re.compile(
+    r"^\s*!?[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?(\s*(==?|!=)\s*[-A-Za-z0-9_.]*)?\s*$"
+)
+
+
+def _check_selector(v: str) -> str:
+    """A label selector of equality terms (`a=b,c!=d,e,!f`), as the API takes it."""
+    if v and not all(_SELECTOR_REQ.match(t) for t in v.split(",")):
+        raise ValueError(
+            f"invalid label selector {v!r}: expected terms like key=value, key!=value, key or "
+            "!key, separated by commas"
+        )
+    return v
+
+
+class RebalanceConfig(_Section):
+    """`gpudaemon rebalance`: drain pods off unhealthy GPUs, defragment for pending
+    pods. Acts only with --apply (or dry_run: false); otherwise logs and emits Events."""
+
+    dry_run: Switch = True
+    listen: ListenAddress = "0.0.0.0:9447"
+    # One pass every interval: drain, then defragment.
+    interval_s: Annotated[Number, Field(ge=1, le=3600)] = 30.0
+    # A GPU unhealthy for less than this is left alone (a transient the agent clears,
+    # or a node about to be drained anyway).
+    grace_s: Annotated[Number, Field(ge=0, le=86400)] = 300.0
+    # Caps over any 60 s and per node per 60 s. A defragmentation plan that does not fit
+    # in what is left is not started at all.
+    max_evictions_per_minute: Annotated[WholeNumber, Field(ge=1, le=10_000)] = 10
+    max_evictions_per_node: Annotated[WholeNumber, Field(ge=1, le=1000)] = 8
+    # Leader election: the Lease `gpudaemon-rebalancer` in kubernetes.lease_namespace,
+    # held by $POD_NAME (then the hostname); the leader renews it every third of this.
+    lease_duration_s: Annotated[WholeNumber, Field(ge=5, le=3600)] = 15
+    # Pods that may be moved to defragment: the annotation gpudaemon.io/rebalance="true",
+    # or matching this label selector (empty: the annotation only). Draining a sick GPU
+    # needs no opt-in: the pod is already on a broken device.
+    selector: Annotated[str, AfterValidator(_check_selector)] = ""
+    # Pods of this scheduler are the ones defragmentation makes room for.
+    scheduler_name: str = "gpudaemon-scheduler"
+
+
 class HealthConfig(_Section):
     # Where a critical XID or uncorrected ECC fault is remembered across agent restarts
     # until the node reboots (a new boot ID). "auto": /var/lib/gpudaemon/health.json
@@ -376,6 +417,7 @@ class Config(_Section):
     influxdb: InfluxConfig = InfluxConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
     extender: ExtenderConfig = ExtenderConfig()
+    rebalance: RebalanceConfig = RebalanceConfig()
     health: HealthConfig = HealthConfig()
     logging: LoggingConfig = LoggingConfig.model_validate({})
 

@@ -91,6 +91,10 @@ class GpuStateAnnotator:
         for info in snap.inventory.gpus:
             s = snap.sample_for(info.index)
             entry = self._entry(info.index, info.uuid, info.memory_total_bytes, s)
+            if pods is not None and (ref := pods.get(info.uuid)) is not None:
+                # Who holds the GPU (kubelet pod-resources), for the rebalancer to drain
+                # a sick GPU; absent when no pod does or the agent cannot ask.
+                entry["pods"] = [f"{ref.namespace}/{ref.pod}"]
             if info.mig_enabled:
                 entry["mig_devices"] = len(info.mig_devices)
                 entry["mig"] = [_mig_entry(m, pods) for m in info.mig_devices]
@@ -153,6 +157,8 @@ class GpuState:
     temperature_c: int | None = None
     processes: int | None = None
     mig_devices: int | None = None
+    # `namespace/name` of the pods holding the GPU or one of its MIG devices.
+    pods: tuple[str, ...] = ()
 
 
 def decode_gpus(text: str) -> list[GpuState]:
@@ -181,9 +187,18 @@ def decode_gpus(text: str) -> list[GpuState]:
                 temperature_c=_opt_int(e.get("temperature_c")),
                 processes=_opt_int(e.get("processes")),
                 mig_devices=_opt_int(e.get("mig_devices")),
+                pods=_holders(e),
             )
         )
     return out
+
+
+def _holders(e: dict[str, object]) -> tuple[str, ...]:
+    out = [p for p in (e.get("pods") or []) if isinstance(p, str) and p]  # type: ignore[attr-defined]
+    for m in e.get("mig") or []:  # type: ignore[attr-defined]
+        if isinstance(m, dict) and isinstance(m.get("pod"), str) and m["pod"]:
+            out.append(m["pod"])
+    return tuple(dict.fromkeys(out))
 
 
 def _opt_int(v: object) -> int | None:

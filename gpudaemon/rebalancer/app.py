@@ -1,0 +1,500 @@
+"""`gpudaemon rebalance`: the wiring. Watches Nodes, Leases and pods into the extender's
+own `ClusterState` (the same free-GPU count and freshness rule), plans with `planner`,
+and, while it holds the leader Lease and only with --apply, evicts through the Eviction
+API (so every PodDisruptionBudget holds). Every decision is an Event on the pod.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from loguru import logger
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from gpudaemon import __version__
+from gpudaemon.config import Config
+from gpudaemon.errors import ConfigError, KubeError, KubeNotFoundError
+from gpudaemon.extender.app import POD_SELECTOR, pending_selector
+from gpudaemon.extender.cluster import ClusterState
+from gpudaemon.extender.informer import Reflector
+from gpudaemon.extender.policies import build_policies, policy_spec
+from gpudaemon.httpserver import HttpServer, StartResponse, probe_response, text_response
+from gpudaemon.kube.backoff import Backoff
+from gpudaemon.kube.client import KubeClient, find_credentials
+from gpudaemon.kube.leader import LeaderElector
+from gpudaemon.kube.lease import lease_path, micro_time
+from gpudaemon.labels.annotations import GpuState, decode_gpus
+from gpudaemon.rebalancer.planner import (
+    Decision,
+    NodeFacts,
+    PodFacts,
+    defragment,
+    drain,
+    node_facts,
+    pod_facts,
+)
+
+LEASE_NAME = "gpudaemon-rebalancer"
+COMPONENT = "gpudaemon-rebalancer"
+EVENT_REPEAT_S = 600.0  # the same Event for the same pod at most this often
+RESULTS = ("planned", "done", "refused_pdb", "failed")
+SKIPS = ("bare_pod", "stale", "rate_limited", "refused_pdb")
+
+
+class RebalancerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.evictions = Counter(
+            "gpudaemon_rebalancer_evictions",
+            "Evictions by kind (drain, defrag) and result: planned (dry-run: what it would "
+            "do), done, refused_pdb (a PodDisruptionBudget said no; retried later), failed.",
+            ["kind", "result"],
+            registry=registry,
+        )
+        self.skipped = Counter(
+            "gpudaemon_rebalancer_skipped",
+            "Pods or plans left alone, by kind and reason: bare_pod (no controller would "
+            "re-create it), stale (agent data too old), rate_limited, refused_pdb (a plan "
+            "one of whose victims a PodDisruptionBudget protects).",
+            ["kind", "reason"],
+            registry=registry,
+        )
+        self.blocked = Gauge(
+            "gpudaemon_rebalancer_blocked_pods",
+            "Pods the last pass wanted to evict but could not (PDB, rate limit, bare pod, "
+            "stale data): what the GpudaemonRebalancerBlocked alert watches.",
+            registry=registry,
+        )
+        self.leader = Gauge(
+            "gpudaemon_rebalancer_leader",
+            "1 while this replica holds the Lease.",
+            registry=registry,
+        )
+        self.dry_run = Gauge(
+            "gpudaemon_rebalancer_dry_run",
+            "1 when it only logs and emits Events.",
+            registry=registry,
+        )
+        self.passes = Counter(
+            "gpudaemon_rebalancer_passes", "Passes run while leading.", registry=registry
+        )
+        for kind in ("drain", "defrag"):
+            for r in RESULTS:
+                self.evictions.labels(kind, r)
+            for s in SKIPS:
+                self.skipped.labels(kind, s)
+
+
+class RateLimit:
+    """At most `per_minute` evictions in any 60 s, and `per_node` on one node."""
+
+    def __init__(self, per_minute: int, per_node: int, clock: Callable[[], float]) -> None:
+        self.per_minute, self.per_node, self.clock = per_minute, per_node, clock
+        self._done: deque[tuple[float, str]] = deque()
+
+    def room(self, node: str) -> tuple[int, int]:
+        now = self.clock()
+        while self._done and now - self._done[0][0] >= 60.0:
+            self._done.popleft()
+        on_node = sum(1 for _, n in self._done if n == node)
+        return self.per_minute - len(self._done), self.per_node - on_node
+
+    def allows(self, node: str, count: int = 1) -> bool:
+        total, node_room = self.room(node)
+        return count <= total and count <= node_room
+
+    def record(self, node: str) -> None:
+        self._done.append((self.clock(), node))
+
+
+class Rebalancer:
+    def __init__(
+        self,
+        cfg: Config,
+        identity: str,
+        client: KubeClient | None = None,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.cfg, self.rb = cfg, cfg.rebalance
+        self.identity = identity
+        self.clock, self.wall = clock, wall
+        policy_spec(cfg.extender.policy)  # an unknown policy is one line, exit 2
+        self.policy = build_policies(cfg.extender)[cfg.extender.policy]
+        if client is None:
+            creds = find_credentials(cfg.kubernetes.kubeconfig, bool(cfg.kubernetes.in_cluster))
+            if creds is None:
+                raise ConfigError(
+                    "the rebalancer needs Kubernetes credentials: run in a cluster or set "
+                    "kubernetes.kubeconfig (or $KUBECONFIG)"
+                )
+            client = KubeClient.from_credentials(
+                creds,
+                cfg.kubernetes.request_timeout_seconds,
+                cfg.kubernetes.connect_timeout_seconds,
+            )
+        self.kube = client
+        self.registry = registry or CollectorRegistry()
+        self.metrics = RebalancerMetrics(self.registry)
+        self.metrics.dry_run.set(1 if self.rb.dry_run else 0)
+        self.cluster = ClusterState(cfg.labels.prefix, wall=wall)
+        self.product_label = self.cluster.product_label
+        self.gpus_key = cfg.labels.prefix + "gpus"
+        self.selector = _selector(self.rb.selector)
+        self._lock = threading.Lock()
+        self.nodes: dict[str, NodeFacts] = {}
+        self.gpu_states: dict[str, list[GpuState]] = {}
+        self.running: dict[str, PodFacts] = {}  # by "ns/name"
+        self.pending: dict[str, PodFacts] = {}  # by UID
+        self._unhealthy_since: dict[tuple[str, str], float] = {}  # (node, GPU uuid) -> wall
+        self._told: dict[tuple[str, str], float] = {}  # (pod uid, reason) -> last Event
+        self._made_room_for: dict[str, float] = {}  # pending UID -> when its plan ran
+        self.limits = RateLimit(
+            self.rb.max_evictions_per_minute, self.rb.max_evictions_per_node, clock
+        )
+        self.elector = LeaderElector(
+            client, cfg.kubernetes.lease_namespace, LEASE_NAME, identity,
+            self.rb.lease_duration_s, wall=wall, clock=clock,
+        )  # fmt: skip
+        cap = cfg.kubernetes.backoff_max_seconds
+        c = self.cluster
+        self.reflectors = [
+            Reflector(client, "nodes", "/api/v1/nodes", self._nodes_replace, self._node_event,
+                      backoff=Backoff(0.5, cap)),
+            Reflector(client, "pods", "/api/v1/pods", self._pods_replace, self._pod_event,
+                      query={"fieldSelector": POD_SELECTOR}, backoff=Backoff(0.5, cap)),
+            Reflector(client, "leases", lease_path(cfg.kubernetes.lease_namespace),
+                      c.replace_leases, c.lease_event, backoff=Backoff(0.5, cap)),
+            Reflector(client, "pending", "/api/v1/pods", self._pending_replace,
+                      self._pending_event, backoff=Backoff(0.5, cap),
+                      query={"fieldSelector": pending_selector(self.rb.scheduler_name)}),
+        ]  # fmt: skip
+        self.server = HttpServer(self.rb.listen, self._wsgi, name="rebalance", threads=2)
+        self.stop_event = threading.Event()
+
+    # -- caches -------------------------------------------------------------------
+
+    def _nodes_replace(self, items: list[dict[str, Any]]) -> None:
+        self.cluster.replace_nodes(items)
+        with self._lock:
+            self.nodes.clear()
+            self.gpu_states.clear()
+            for obj in items:
+                self._put_node(obj)
+
+    def _node_event(self, kind: str, obj: dict[str, Any]) -> None:
+        self.cluster.node_event(kind, obj)
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        with self._lock:
+            if kind == "DELETED":
+                self.nodes.pop(name, None)
+                self.gpu_states.pop(name, None)
+            else:
+                self._put_node(obj)
+
+    def _put_node(self, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        self.nodes[name] = node_facts(obj)
+        try:
+            self.gpu_states[name] = decode_gpus(
+                (meta.get("annotations") or {}).get(self.gpus_key) or "[]"
+            )
+        except ValueError:
+            self.gpu_states[name] = []
+
+    def _parse(self, obj: Mapping[str, Any]) -> PodFacts | None:
+        return pod_facts(obj, self.product_label, self.selector)
+
+    def _pods_replace(self, items: list[dict[str, Any]]) -> None:
+        self.cluster.replace_pods(items)
+        with self._lock:
+            self.running = {p.key: p for o in items if (p := self._parse(o)) is not None}
+
+    def _pod_event(self, kind: str, obj: dict[str, Any]) -> None:
+        self.cluster.pod_event(kind, obj)
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        phase = (obj.get("status") or {}).get("phase")
+        with self._lock:
+            pod = (
+                None if kind == "DELETED" or phase in ("Succeeded", "Failed") else self._parse(obj)
+            )
+            if pod is None or not pod.node:
+                self.running.pop(key, None)
+            else:
+                self.running[key] = pod
+
+    def _pending_replace(self, items: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self.pending = {p.uid: p for o in items if (p := self._parse(o)) is not None}
+
+    def _pending_event(self, kind: str, obj: dict[str, Any]) -> None:
+        uid = str((obj.get("metadata") or {}).get("uid") or "")
+        with self._lock:
+            pod = None if kind == "DELETED" else self._parse(obj)
+            if pod is None or pod.node:
+                self.pending.pop(uid, None)
+            else:
+                self.pending[uid] = pod
+
+    def synced(self) -> bool:
+        return all(r.synced.is_set() for r in self.reflectors)
+
+    # -- a pass ---------------------------------------------------------------------
+
+    def run_pass(self) -> None:
+        """One pass (the leader only): drain, then at most one defragmentation plan."""
+        self.metrics.passes.inc()
+        with self._lock:
+            nodes = dict(self.nodes)
+            gpu_states = {n: list(g) for n, g in self.gpu_states.items()}
+            running = dict(self.running)
+            pending = sorted(self.pending.values(), key=lambda p: (-p.priority, p.key))
+        names = list(nodes)
+        snap = self.cluster.snapshot(names)
+        blocked = 0
+        blocked += self._drain(gpu_states, running, snap.fresh)
+        blocked += self._defragment(pending, snap.states, snap.fresh, nodes, running)
+        self.metrics.blocked.set(blocked)
+
+    def _drain(
+        self, gpu_states: Mapping[str, list[GpuState]], running: Mapping[str, PodFacts],
+        fresh: Mapping[str, bool],
+    ) -> int:  # fmt: skip
+        now = self.wall()
+        sick, seen = [], set()
+        for node, gpus in gpu_states.items():
+            for g in gpus:
+                if g.healthy:
+                    continue
+                key = (node, g.uuid)
+                seen.add(key)
+                since = self._unhealthy_since.setdefault(key, now)
+                sick.append((node, g.index, g.reason or "unhealthy", now - since, g.pods))
+        for key in set(self._unhealthy_since) - seen:
+            del self._unhealthy_since[key]  # healthy again, or gone: the grace starts over
+        blocked = 0
+        for d in drain(sick, running, fresh, self.rb.grace_s):
+            if not d.evict:
+                blocked += 1
+                if self._event(d.pod, "RebalanceSkipped", d.message, warning=True, dedupe=d.reason):
+                    self.metrics.skipped.labels("drain", d.reason).inc()  # once per pod
+                continue
+            if not self._evict(d, self.limits.allows(d.pod.node)):
+                blocked += 1
+        return blocked
+
+    def _defragment(
+        self, pending: list[PodFacts], states: Mapping[str, Any], fresh: Mapping[str, bool],
+        nodes: Mapping[str, NodeFacts], running: Mapping[str, PodFacts],
+    ) -> int:  # fmt: skip
+        by_node: dict[str, list[PodFacts]] = {}
+        for p in running.values():
+            by_node.setdefault(p.node, []).append(p)
+        now = self.clock()
+        cooldown = max(2 * self.rb.interval_s, 30.0)
+        self._made_room_for = {u: t for u, t in self._made_room_for.items() if now - t < cooldown}
+        for pod in pending:
+            if pod.uid in self._made_room_for:
+                continue  # its evictions are still settling
+            plan = defragment(pod, states, fresh, nodes, by_node, self.policy)
+            if plan is None:
+                continue
+            victims = ", ".join(v.key for v in plan.victims)
+            if not self.limits.allows(plan.node, len(plan.victims)):
+                self.metrics.skipped.labels("defrag", "rate_limited").inc()
+                self._event(pod, "RebalanceSkipped", f"room for it on {plan.node} needs "
+                            f"{len(plan.victims)} evictions ({victims}); over the rate limit now",
+                            warning=True, dedupe="rate_limited")  # fmt: skip
+                return len(plan.victims)
+            refused = [v for v in plan.victims if not self._eviction_allowed(v)]
+            if refused:
+                self.metrics.skipped.labels("defrag", "refused_pdb").inc()
+                self._event(pod, "RebalanceSkipped", f"room for it on {plan.node} needs evicting "
+                            f"{victims}; a PodDisruptionBudget protects {refused[0].key}",
+                            warning=True, dedupe="refused_pdb")  # fmt: skip
+                return len(plan.victims)
+            verb = "would make" if self.rb.dry_run else "making"
+            where = ", ".join(plan.targets)
+            msg = f"{verb} room on {plan.node} by evicting {victims} (each fits now on: {where})"
+            self._event(pod, "RebalanceDefragment", msg)
+            for v, target in zip(plan.victims, plan.targets, strict=True):
+                msg = (f"to make room on {plan.node} for {pod.key} ({pod.shape.gpus} GPUs), "
+                       f"which fits nowhere now; this pod fits on {target}")  # fmt: skip
+                self._evict(Decision(v, "defrag", "make_room", msg, True), True)
+            self._made_room_for[pod.uid] = now
+            return 0  # one plan per pass: let the scheduler settle first
+        return 0
+
+    # -- acting ---------------------------------------------------------------------
+
+    def _eviction_path(self, pod: PodFacts) -> str:
+        return f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/eviction"
+
+    def _eviction_body(self, pod: PodFacts) -> dict[str, Any]:
+        return {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": pod.name, "namespace": pod.namespace}}  # fmt: skip
+
+    def _eviction_allowed(self, pod: PodFacts) -> bool:
+        """The Eviction API's own answer, without evicting (dryRun=All)."""
+        try:
+            self.kube.request("POST", self._eviction_path(pod), self._eviction_body(pod),
+                              query={"dryRun": "All"})  # fmt: skip
+            return True
+        except KubeError as e:
+            return e.status != 429
+
+    def _evict(self, d: Decision, allowed: bool) -> bool:
+        """Evict (or, dry-run, say it would); True when done or planned."""
+        pod = d.pod
+        if self.rb.dry_run:
+            msg = f"dry run: would evict: {d.message}"
+            if self._event(pod, "RebalanceWouldEvict", msg, dedupe="would"):
+                self.metrics.evictions.labels(d.kind, "planned").inc()  # once per pod
+                logger.info("rebalancer (dry run): would evict {}: {}", pod.key, d.message)
+            return True
+        if not allowed:
+            self.metrics.skipped.labels(d.kind, "rate_limited").inc()
+            self._event(pod, "RebalanceSkipped", f"{d.message}; over the rate limit now, later",
+                        warning=True, dedupe="rate_limited")  # fmt: skip
+            return False
+        try:
+            self.kube.request("POST", self._eviction_path(pod), self._eviction_body(pod))
+        except KubeNotFoundError:
+            return True  # gone already
+        except KubeError as e:
+            if e.status == 429:
+                self.metrics.evictions.labels(d.kind, "refused_pdb").inc()
+                msg = f"{d.message}; a PodDisruptionBudget does not allow it now, retried later"
+                self._event(pod, "RebalanceRefused", msg, warning=True, dedupe="pdb")
+            else:
+                self.metrics.evictions.labels(d.kind, "failed").inc()
+                logger.warning("rebalancer: evicting {} failed: {}", pod.key, e)
+            return False
+        self.limits.record(pod.node)
+        self.metrics.evictions.labels(d.kind, "done").inc()
+        logger.info("rebalancer: evicted {}: {}", pod.key, d.message)
+        self._event(pod, "RebalanceEvicted", d.message)
+        return True
+
+    def _event(
+        self, pod: PodFacts, reason: str, message: str, *, warning: bool = False, dedupe: str = ""
+    ) -> bool:
+        """An Event on the pod; the same (pod, dedupe key) at most every EVENT_REPEAT_S.
+        False when this one was held back as a repeat."""
+        if dedupe:
+            key = (pod.uid, dedupe)
+            last = self._told.get(key)
+            if last is not None and self.clock() - last < EVENT_REPEAT_S:
+                return False
+            self._told[key] = self.clock()
+        now = micro_time(self.wall())[:19] + "Z"
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace,
+                               "name": pod.name, "uid": pod.uid},
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.identity,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }  # fmt: skip
+        try:
+            self.kube.request("POST", f"/api/v1/namespaces/{pod.namespace}/events", body)
+        except KubeError as e:
+            logger.debug("rebalancer: event for {}: {}", pod.key, e)
+        return True
+
+    # -- running ----------------------------------------------------------------------
+
+    def _wsgi(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if path == "/metrics":
+            data = generate_latest(self.registry)
+            start_response("200 OK", [("Content-Type", "text/plain; version=0.0.4"),
+                                      ("Content-Length", str(len(data)))])  # fmt: skip
+            return [data]
+        probe = probe_response(path, self.ready, start_response)
+        if probe is not None:
+            return probe
+        return text_response(
+            start_response, "404 Not Found", "not found: try /metrics, /healthz, /readyz\n"
+        )
+
+    def ready(self) -> tuple[bool, str]:
+        waiting = [r.kind for r in self.reflectors if not r.synced.is_set()]
+        if waiting:
+            return False, "waiting for the first list of: " + ", ".join(waiting)
+        return True, "ok"
+
+    def start(self) -> None:
+        self.server.start()  # a bad listen address exits 2 before any API call
+        for r in self.reflectors:
+            threading.Thread(target=r.run, args=(self.stop_event,), name=f"watch-{r.kind}",
+                             daemon=True).start()  # fmt: skip
+        mode = "dry run (log and Events only; --apply to act)" if self.rb.dry_run else "applying"
+        logger.info("gpudaemon {} rebalancer {} on {} as {}: {}", __version__, "listening",
+                    self.server.listen, self.identity, mode)  # fmt: skip
+
+    def loop(self) -> None:
+        """Elect, then a pass every interval while leading and synced."""
+        renew = max(1.0, self.rb.lease_duration_s / 3)
+        next_pass = self.clock()
+        while not self.stop_event.is_set():
+            leading = self.elector.try_acquire_or_renew()
+            self.metrics.leader.set(1 if leading else 0)
+            if leading and self.synced() and self.clock() >= next_pass:
+                try:
+                    self.run_pass()
+                except Exception as e:  # a bug must not stop the loop
+                    logger.exception("rebalancer: pass failed: {}", e)
+                next_pass = self.clock() + self.rb.interval_s
+            self.stop_event.wait(min(renew, max(0.2, next_pass - self.clock())))
+
+    def run(self) -> int:
+        self.start()
+        try:
+            self.loop()
+        finally:
+            self.close()
+        return 0
+
+    def close(self) -> None:
+        self.stop_event.set()
+        self.elector.release()
+        self.metrics.leader.set(0)
+        self.server.stop()
+
+
+def _selector(expr: str) -> Callable[[Mapping[str, str]], bool]:
+    """A matcher for an equality label selector (config checks its form)."""
+    terms = [_term(t.strip()) for t in expr.split(",")] if expr.strip() else []
+
+    def matches(labels: Mapping[str, str]) -> bool:
+        return bool(terms) and all(term(labels) for term in terms)
+
+    return matches
+
+
+def _term(t: str) -> Callable[[Mapping[str, str]], bool]:
+    if "!=" in t:
+        k, v = (x.strip() for x in t.split("!=", 1))
+        return lambda labels: labels.get(k) != v
+    if "=" in t:
+        k, v = (x.strip() for x in t.replace("==", "=").split("=", 1))
+        return lambda labels: labels.get(k) == v
+    if t.startswith("!"):
+        key = t[1:].strip()
+        return lambda labels: key not in labels
+    return lambda labels: t in labels
