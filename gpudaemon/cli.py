@@ -1,4 +1,4 @@
-"""The command line: run, probe, extender, status, version. Bad input is one line on
+"""The command line: run, probe, extender, rebalance, status, version. Bad input is one line on
 stderr and exit 2. Installed as `kubectl-gpudaemon` too, so `kubectl gpudaemon status`
 works."""
 
@@ -70,6 +70,31 @@ def build_parser() -> argparse.ArgumentParser:
     ext.add_argument("--log-json", action="store_true", help="log one JSON object per line")
     ext.add_argument("--log-level", metavar="LEVEL", help="TRACE, DEBUG, INFO, WARNING, ERROR")
 
+    rb = sub.add_parser(
+        "rebalance",
+        help="move pods off unhealthy GPUs and make room for pending GPU pods (dry run "
+        "unless --apply)",
+    )
+    rb.add_argument("--config", metavar="FILE", help="YAML configuration file (section rebalance)")
+    mode = rb.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--apply", action="store_true", help="evict for real (default: log and emit Events only)"
+    )
+    mode.add_argument(
+        "--dry-run", action="store_true", help="log and emit Events only, whatever the config says"
+    )
+    rb.add_argument("--listen", metavar="HOST:PORT", help="metrics address (default 0.0.0.0:9447)")
+    rb.add_argument(
+        "--kubeconfig", metavar="FILE", help="default: in-cluster, $KUBECONFIG, ~/.kube/config"
+    )
+    rb.add_argument(
+        "--identity",
+        metavar="NAME",
+        help="holder identity in the leader Lease (default $POD_NAME, then the hostname)",
+    )
+    rb.add_argument("--log-json", action="store_true", help="log one JSON object per line")
+    rb.add_argument("--log-level", metavar="LEVEL", help="TRACE, DEBUG, INFO, WARNING, ERROR")
+
     st = sub.add_parser(
         "status", help="free and healthy GPUs per node, from the API server (no agent needed)"
     )
@@ -97,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _probe(args)
         if args.command == "extender":
             return _extender(args)
+        if args.command == "rebalance":
+            return _rebalance(args)
         if args.command == "status":
             return _status(args)
         if args.command == "version":
@@ -131,6 +158,11 @@ _RUN_FLAGS: Flags = {
 _EXTENDER_FLAGS: Flags = {
     "listen": ("extender", "listen"),
     "policy": ("extender", "policy"),
+    **_LOG_FLAGS,
+}
+_REBALANCE_FLAGS: Flags = {
+    "listen": ("rebalance", "listen"),
+    "kubeconfig": ("kubernetes", "kubeconfig"),
     **_LOG_FLAGS,
 }
 _STATUS_FLAGS: Flags = {
@@ -183,6 +215,26 @@ def _extender(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: ext.stop_event.set())
     return ext.run()
+
+
+def _rebalance(args: argparse.Namespace) -> int:
+    import os
+    import socket
+
+    from gpudaemon.config import load_config
+    from gpudaemon.logsetup import setup_logging
+    from gpudaemon.rebalancer.app import Rebalancer
+
+    overrides = _overrides(args, _REBALANCE_FLAGS)
+    if args.apply or args.dry_run:
+        overrides.setdefault("rebalance", {})["dry_run"] = bool(args.dry_run)
+    cfg = load_config(args.config, overrides=overrides)
+    setup_logging(cfg.logging.level, cfg.logging.json_)
+    identity = args.identity or os.environ.get("POD_NAME") or socket.gethostname()
+    rb = Rebalancer(cfg, identity.strip())
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: rb.stop_event.set())
+    return rb.run()
 
 
 def _probe(args: argparse.Namespace) -> int:

@@ -42,7 +42,7 @@ LEASE_NAME = "gpudaemon-rebalancer"
 COMPONENT = "gpudaemon-rebalancer"
 EVENT_REPEAT_S = 600.0  # the same Event for the same pod at most this often
 RESULTS = ("planned", "done", "refused_pdb", "failed")
-SKIPS = ("bare_pod", "stale", "rate_limited", "refused_pdb")
+SKIPS = ("bare_pod", "stale", "rate_limited", "refused_pdb", "api_error")
 
 
 class RebalancerMetrics:
@@ -58,7 +58,7 @@ class RebalancerMetrics:
             "gpudaemon_rebalancer_skipped",
             "Pods or plans left alone, by kind and reason: bare_pod (no controller would "
             "re-create it), stale (agent data too old), rate_limited, refused_pdb (a plan "
-            "one of whose victims a PodDisruptionBudget protects).",
+            "one of whose victims a PodDisruptionBudget protects), api_error.",
             ["kind", "reason"],
             registry=registry,
         )
@@ -312,12 +312,13 @@ class Rebalancer:
                             f"{len(plan.victims)} evictions ({victims}); over the rate limit now",
                             warning=True, dedupe="rate_limited")  # fmt: skip
                 return len(plan.victims)
-            refused = [v for v in plan.victims if not self._eviction_allowed(v)]
+            refused = [(v, r) for v in plan.victims if (r := self._eviction_refused(v))]
             if refused:
-                self.metrics.skipped.labels("defrag", "refused_pdb").inc()
-                self._event(pod, "RebalanceSkipped", f"room for it on {plan.node} needs evicting "
-                            f"{victims}; a PodDisruptionBudget protects {refused[0].key}",
-                            warning=True, dedupe="refused_pdb")  # fmt: skip
+                who, why = refused[0]
+                self.metrics.skipped.labels("defrag", why).inc()
+                what = "a PodDisruptionBudget protects" if why == "refused_pdb" else "cannot evict"
+                msg = f"room for it on {plan.node} needs evicting {victims}; {what} {who.key}"
+                self._event(pod, "RebalanceSkipped", msg, warning=True, dedupe=why)
                 return len(plan.victims)
             verb = "would make" if self.rb.dry_run else "making"
             where = ", ".join(plan.targets)
@@ -340,14 +341,21 @@ class Rebalancer:
         return {"apiVersion": "policy/v1", "kind": "Eviction",
                 "metadata": {"name": pod.name, "namespace": pod.namespace}}  # fmt: skip
 
-    def _eviction_allowed(self, pod: PodFacts) -> bool:
-        """The Eviction API's own answer, without evicting (dryRun=All)."""
+    def _eviction_refused(self, pod: PodFacts) -> str:
+        """The Eviction API's own answer, without evicting (dryRun=All): "" when it would
+        go ahead, "refused_pdb" for a PodDisruptionBudget, "api_error" otherwise."""
         try:
-            self.kube.request("POST", self._eviction_path(pod), self._eviction_body(pod),
-                              query={"dryRun": "All"})  # fmt: skip
-            return True
+            self.kube.request(
+                "POST", self._eviction_path(pod), self._eviction_body(pod), query={"dryRun": "All"}
+            )
+            return ""
+        except KubeNotFoundError:
+            return "api_error"  # gone since the snapshot: plan again next pass
         except KubeError as e:
-            return e.status != 429
+            if e.status == 429:
+                return "refused_pdb"
+            logger.warning("rebalancer: eviction check for {}: {}", pod.key, e)
+            return "api_error"
 
     def _evict(self, d: Decision, allowed: bool) -> bool:
         """Evict (or, dry-run, say it would); True when done or planned."""

@@ -211,3 +211,19 @@ def test_gpu_memory_min_is_the_smallest_gpu_of_any_model() -> None:
     ls = NodeLabeler().build(snapshot(SimulatedBackend(load_profile("mixed"))))
     assert int(ls.labels[P + "gpu.memory.min"]) < int(ls.labels[P + "gpu.memory"])
     assert ls.labels[P + "gpu.mixed"] == "true"
+
+
+def test_the_gpus_annotation_names_the_pods_holding_each_gpu() -> None:
+    """Issue 22: the rebalancer drains a sick GPU's pods, read from this annotation."""
+    from gpudaemon.labels.annotations import decode_gpus
+    from gpudaemon.model import PodRef
+
+    snap = snapshot(SimulatedBackend(load_profile("dgx-h100"), seed=1))
+    assert snap.inventory is not None
+    uuid = snap.inventory.gpus[2].uuid
+    pods = {uuid: PodRef(pod="train-0", namespace="ml", container="c")}
+    states = decode_gpus(NodeLabeler().build(snap, pods).annotations[P + "gpus"])
+    assert states[2].pods == ("ml/train-0",)
+    assert all(s.pods == () for i, s in enumerate(states) if i != 2)
+    text = NodeLabeler().build(snap).annotations[P + "gpus"]
+    assert '"pods"' not in text  # no pod-resources answer: absent, not "free"

@@ -1,0 +1,72 @@
+"""Leader election on a Lease (issue 22): one leader among replicas, takeover only
+after the holder's Lease has expired, and a replica that cannot renew steps down."""
+
+from __future__ import annotations
+
+from gpudaemon.kube.leader import LeaderElector
+from tests.clock import FakeClock
+from tests.unit.rebalancer.fake_kube import FakeKube
+
+
+def electors(kube: FakeKube, clock: FakeClock, duration: int = 15) -> list[LeaderElector]:
+    return [
+        LeaderElector(kube, "gpudaemon", "gpudaemon-rebalancer", name, duration,  # type: ignore[arg-type]
+                      wall=clock, clock=clock)
+        for name in ("rb-a", "rb-b")
+    ]  # fmt: skip
+
+
+def test_one_leader_and_takeover_only_after_the_lease_expires() -> None:
+    kube, clock = FakeKube(), FakeClock()
+    a, b = electors(kube, clock)
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    lease = kube.leases["gpudaemon-rebalancer"]["spec"]
+    assert lease["holderIdentity"] == "rb-a" and lease["leaseDurationSeconds"] == 15
+    clock.advance(10)
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()  # renewed
+    clock.advance(14)
+    assert not b.try_acquire_or_renew()  # 14 s after the renewal: still a's
+    # a dies (stops renewing); one lease duration after its last renewal b takes over.
+    clock.advance(2)
+    assert b.try_acquire_or_renew()
+    spec = kube.leases["gpudaemon-rebalancer"]["spec"]
+    assert spec["holderIdentity"] == "rb-b" and spec["leaseTransitions"] == 1
+    assert not a.try_acquire_or_renew() and not a.leading  # back, but b holds it
+
+
+def test_a_leader_that_cannot_renew_steps_down_within_its_duration() -> None:
+    kube, clock = FakeKube(), FakeClock()
+    a, _ = electors(kube, clock)
+    assert a.try_acquire_or_renew()
+    kube.down = True
+    clock.advance(10)
+    assert a.try_acquire_or_renew()  # API down: still inside its own lease
+    clock.advance(6)
+    assert not a.try_acquire_or_renew() and not a.leading
+
+
+def test_a_lost_write_race_is_not_leadership() -> None:
+    kube, clock = FakeKube(), FakeClock()
+    a, b = electors(kube, clock)
+    assert a.try_acquire_or_renew()
+    clock.advance(20)  # expired: both try; the second write carries a stale resourceVersion
+    stale = kube.request("GET", "/apis/coordination.k8s.io/v1/namespaces/gpudaemon/leases/"
+                         "gpudaemon-rebalancer")  # fmt: skip
+    assert b.try_acquire_or_renew()
+    orig = kube.request
+
+    def stale_get(method: str, path: str, body: object = None, **kw: object) -> dict:  # type: ignore[type-arg]
+        return stale if method == "GET" else orig(method, path, body, **kw)
+
+    kube.request = stale_get  # type: ignore[method-assign]
+    assert not a.try_acquire_or_renew()  # 409: b wrote first
+    assert kube.leases["gpudaemon-rebalancer"]["spec"]["holderIdentity"] == "rb-b"
+
+
+def test_release_hands_over_at_once() -> None:
+    kube, clock = FakeKube(), FakeClock()
+    a, b = electors(kube, clock)
+    assert a.try_acquire_or_renew()
+    a.release()
+    assert not a.leading
+    assert b.try_acquire_or_renew()  # no need to wait out the 15 s
