@@ -218,7 +218,12 @@ def metrics() -> str:
             own = [f for f in _families(agent.registry) if f[0] not in catalogued]
         finally:
             agent.close()
+    from gpudaemon.rebalancer.app import Rebalancer
+
     ext = Extender(load_config(None, environ={}, overrides={}), client=cast(Any, _NoClient()))
+    rb = Rebalancer(
+        load_config(None, environ={}, overrides={}), "docs", client=cast(Any, _NoClient())
+    )
     # The cache collector yields no sample before the first list: ask the same class
     # with one cache of each kind for its label names.
     probe = CacheCollector(lambda: {"nodes": 0}, lambda: {"nodes": 0.0})
@@ -229,6 +234,11 @@ def metrics() -> str:
             "The extender's metrics",
             _families(ext.registry, cache_labels),
             "`gpudaemon extender`, `:9446/metrics`",
+        ),
+        (
+            "The rebalancer's metrics",
+            _families(rb.registry),
+            "`gpudaemon rebalance`, `:9447/metrics` (docs/rebalancer.md)",
         ),
     ):
         rows += [
@@ -244,7 +254,7 @@ def metrics() -> str:
 
 
 class _NoClient:
-    """The extender is built but never started: no API call is made."""
+    """The extender and rebalancer are built but never started: no API call is made."""
 
 
 # -- labels --------------------------------------------------------------------------------
@@ -543,6 +553,23 @@ def values_schema() -> str:
         )
     )
 
+    rebalancer = obj(
+        dict(
+            pod_common,
+            **{
+                "enabled": B,
+                "apply": B,
+                "replicas": INT0,
+                "config": config_ref,
+                "env": LIST,
+                "metricsPort": PORT,
+                "podLabels": STRMAP,
+                "livenessProbe": PROBE,
+                "readinessProbe": PROBE,
+            },
+        )
+    )
+
     schema = {
         "$schema": "http://json-schema.org/draft-07/schema#",
         "title": "gpudaemon chart values",
@@ -572,6 +599,7 @@ def values_schema() -> str:
             "monitoring": monitoring,
             "extender": extender,
             "scheduler": scheduler,
+            "rebalancer": rebalancer,
             "networkPolicy": obj({"enabled": B, "metricsFrom": LIST, "extenderFrom": LIST}),
         },
     }

@@ -1,5 +1,6 @@
 """A real Prometheus (Debian's package) scraping two real `gpudaemon run` agents and a
-real `gpudaemon extender`, all on a real kube-apiserver.
+real `gpudaemon extender` and a real `gpudaemon rebalance` (dry run), all on a real
+kube-apiserver.
 
 Node A simulates a DGX H100 with faults from a profile file (XID 79 on GPU 3, GPU 5
 lost) and a fake kubelet assigning GPU 2 to a pod, and writes history to an InfluxDB
@@ -205,6 +206,19 @@ def stack(control_plane: ControlPlane) -> Iterator[Stack]:
         )  # fmt: skip
         _ask_extender(f"http://127.0.0.1:{eport}")
 
+        # The rebalancer (dry run): leads alone, sees node A's sick GPU 3.
+        rmetrics = f"127.0.0.1:{free_port()}"
+        (work / "rebalancer.yaml").write_text(
+            yaml.safe_dump({"kubernetes": {"kubeconfig": str(cp.admin_kubeconfig)}})
+        )
+        procs.append(
+            start_agent(["rebalance", "--config", str(work / "rebalancer.yaml"), "--listen",
+                         rmetrics, "--identity", "rebalancer-0"], log=work / "rebalancer.log")
+        )  # fmt: skip
+        wait_for(
+            lambda: http_get(f"http://{rmetrics}/readyz")[0] == 200, 60, what="rebalancer ready"
+        )
+
         (work / "rules.yaml").write_text(_shorten_for(RULES.read_text()))
         pport = free_port()
         (work / "prometheus.yml").write_text(
@@ -226,6 +240,10 @@ def stack(control_plane: ControlPlane) -> Iterator[Stack]:
                         {  # the PodMonitor's job name: <namespace>/<release>-gpudaemon-extender
                             "job_name": "gpudaemon/gpudaemon-extender",
                             "static_configs": [{"targets": [extender_metrics]}],
+                        },
+                        {
+                            "job_name": "gpudaemon/gpudaemon-rebalancer",
+                            "static_configs": [{"targets": [rmetrics]}],
                         },
                     ],
                 }
@@ -251,6 +269,7 @@ def stack(control_plane: ControlPlane) -> Iterator[Stack]:
         s = Stack(agents, prom_url, f"http://127.0.0.1:{eport}", gpu2_uuid, mig_uuid, work)
         wait_for(lambda: len(s.query('up{job="gpudaemon"} == 1')) == 2, 30, what="both targets up")
         wait_for(lambda: s.query('up{job=~".*extender.*"} == 1'), 30, what="the extender up")
+        wait_for(lambda: s.query("gpudaemon_rebalancer_leader == 1"), 30, what="a leader")
         yield s
     finally:
         for p in reversed(procs):

@@ -169,5 +169,5 @@ def test_rule_groups_evaluate_without_errors(stack: Stack) -> None:
     assert sorted(r["name"] for r in rules) == sorted(
         r["alert"] for g in shipped for r in g["rules"]
     )  # every shipped rule is loaded, none dropped
-    assert len(rules) >= 17
+    assert len(rules) >= 19
     assert {r["name"]: r["health"] for r in rules} == {r["name"]: "ok" for r in rules}

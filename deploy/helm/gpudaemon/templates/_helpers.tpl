@@ -220,3 +220,26 @@ scheduler's pod (sidecar mode). */}}
 {{- define "gpudaemon.hasAPI" -}}
 {{- if and .values.enabled (or .values.force (.ctx.Capabilities.APIVersions.Has .api)) -}}true{{- end -}}
 {{- end -}}
+
+{{- define "gpudaemon.rebalancer.fullname" -}}
+{{- printf "%s-rebalancer" (include "gpudaemon.fullname" .) -}}
+{{- end -}}
+
+{{- define "gpudaemon.rebalancer.serviceAccountName" -}}
+{{- default (include "gpudaemon.rebalancer.fullname" .) .Values.rebalancer.serviceAccount.name -}}
+{{- end -}}
+
+{{/* The rebalancer's config: the user's, under the chart's keys (the scheduler whose
+pods it makes room for, the Lease namespace, the label prefix, dry run). */}}
+{{- define "gpudaemon.rebalancer.config" -}}
+{{- $r := .Values.rebalancer -}}
+{{- $managed := dict
+  "labels" (dict "prefix" .Values.labelPrefix)
+  "kubernetes" (dict "lease_namespace" .Release.Namespace)
+  "rebalance" (dict
+    "dry_run" (not $r.apply)
+    "listen" (printf "0.0.0.0:%d" (int $r.metricsPort))
+    "scheduler_name" .Values.scheduler.name)
+-}}
+{{- toYaml (mustMergeOverwrite (deepCopy $r.config) $managed) -}}
+{{- end -}}
