@@ -381,6 +381,10 @@ class RebalanceConfig(_Section):
     # or matching this label selector (empty: the annotation only). Draining a sick GPU
     # needs no opt-in: the pod is already on a broken device.
     selector: Annotated[str, AfterValidator(_check_selector)] = ""
+    # How long the room made for a pending pod is kept for it: the extender turns away
+    # other pods of no higher priority from that node (the evicted pods' replacements
+    # first) until the pod is bound, deleted, or this runs out.
+    reserve_s: Annotated[Number, Field(ge=10, le=3600)] = 300.0
     # Pods of this scheduler are the ones defragmentation makes room for.
     scheduler_name: str = "gpudaemon-scheduler"
 

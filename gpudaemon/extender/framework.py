@@ -19,11 +19,11 @@ from typing import Any
 
 from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.extender.metrics import ExtenderMetrics
-from gpudaemon.extender.pods import PodVerifier
+from gpudaemon.extender.pods import PendingPods, PodVerifier, priority_of
 from gpudaemon.extender.podspec import POLICY_ANNOTATION, pod_gang, pod_policy, pod_shape
 from gpudaemon.extender.policies.base import Policy, UnknownPolicyError
 from gpudaemon.extender.scoring import MAX_SCORE, Rejection, ScoreMemo, best_nodes, check_node, rank
-from gpudaemon.extender.state import PodShape
+from gpudaemon.extender.state import NodeState, PodShape
 from gpudaemon.httpserver import Readiness
 
 MIG_POLICY = "migpack"  # pods of MIG devices alone, unless their annotation says otherwise
@@ -189,6 +189,10 @@ class Framework:
         failed: dict[str, str] = {}
         passed: list[str] = []
         removed: Counter[str] = Counter()  # by reason; one metric update per reason
+        keep_room = self.pending is not None and self.pending.has_reservations()
+        uid = real[0] if real is not None else _uid(pod)
+        priority = priority_of(pod)
+        now = self.cluster.wall()
         with self._lock:
             snap = self.cluster.snapshot(names)
             states, fresh = snap.states, snap.fresh
@@ -196,6 +200,8 @@ class Framework:
                 why = check_node(
                     states[name], shape, fresh=fresh[name], avoid_unhealthy=self.avoid_unhealthy
                 )
+                if why is None and keep_room and self.pending is not None:
+                    why = _kept(self.pending, states[name], name, shape, uid, priority, now)
                 if why is None:
                     passed.append(name)
                 else:
@@ -278,3 +284,23 @@ def _uid(pod: Mapping[str, Any]) -> str:
 
 def _reason(r: Rejection) -> str:
     return f"gpudaemon: {r.message}"
+
+
+def _kept(
+    pending: PendingPods,
+    st: NodeState | None,
+    name: str,
+    shape: PodShape,
+    uid: str,
+    priority: int,
+    now: float,
+) -> Rejection | None:
+    """The node's room the rebalancer keeps for another pending pod (it evicted pods
+    to make it), which this pod of no higher priority may not take."""
+    held, holder = pending.reserved_gpus(name, uid, priority, now)
+    if not held or st is None or shape.gpus <= st.gpus_free_bound - held:
+        return None
+    return Rejection(
+        "reserved",
+        f"{held} GPU(s) kept for pending pod {holder} (gpudaemon rebalancer made room for it)",
+    )

@@ -63,6 +63,7 @@ class ExtenderMetrics:
             "unhealthy",
             "insufficient_gpus",
             "insufficient_mig",
+            "reserved",
             "outranked",
             "unknown_policy",
         ):

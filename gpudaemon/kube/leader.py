@@ -2,8 +2,11 @@
 take the Lease when it is free or expired, renew it while leading, and write only with
 the resourceVersion read (optimistic concurrency), so two replicas never both lead.
 
-A replica that fails to renew for a whole lease duration steps down before anyone else
-may take over: it counts from its own last successful renewal, with the same duration.
+A leader that cannot renew steps down before anyone else may take over: it counts two
+thirds of the duration (client-go's renew deadline) from the start of its last
+successful renewal, while the others wait the whole duration from the renewTime it
+wrote. A standby tries again the moment the holder's Lease runs out, so a dead leader
+is replaced one duration after its last renewal.
 """
 
 from __future__ import annotations
@@ -35,13 +38,24 @@ class LeaderElector:
         self.client, self.namespace, self.name = client, namespace, name
         self.identity, self.duration_s = identity, duration_s
         self.wall, self.clock = wall, clock
-        self._renewed_at: float | None = None  # monotonic time of our last renewal
+        self._renewed_at: float | None = None  # monotonic start of our last renewal
+        self.renew_deadline_s = duration_s * 2 / 3
         self.transitions = 0
+        self._other_expires: float | None = None  # wall time another holder's Lease ends
 
     @property
     def leading(self) -> bool:
-        """True while our last renewal is younger than the lease duration."""
-        return self._renewed_at is not None and self.clock() - self._renewed_at < self.duration_s
+        """True while our last renewal is younger than the renew deadline."""
+        return (
+            self._renewed_at is not None and self.clock() - self._renewed_at < self.renew_deadline_s
+        )
+
+    def retry_in(self, period_s: float) -> float:
+        """Seconds until the next attempt: `period_s` while leading, else until the
+        holder's Lease runs out (and a little), whichever comes first."""
+        if self.leading or self._other_expires is None:
+            return period_s
+        return max(0.05, min(period_s, self._other_expires - self.wall() + 0.05))
 
     def try_acquire_or_renew(self) -> bool:
         """One attempt; True when we lead afterwards. API errors mean "not now"."""
@@ -58,8 +72,10 @@ class LeaderElector:
             expiry = lease_expiry(lease)
             expired = expiry is None or datetime.fromtimestamp(now, UTC) >= expiry
             if holder != self.identity and not expired:
+                self._other_expires = expiry.timestamp() if expiry is not None else None
                 self._lost()
                 return False
+            self._other_expires = None
             transitions = int(spec.get("leaseTransitions") or 0)
             if holder != self.identity:
                 transitions += 1
@@ -96,8 +112,9 @@ class LeaderElector:
 
     def _write(self, method: str, path: str, body: dict[str, Any], now: float) -> None:
         was = self.leading
+        start = self.clock()
         self.client.request(method, path, body)
-        self._renewed_at = self.clock()
+        self._renewed_at = start
         if not was:
             self.transitions += 1
             logger.info(

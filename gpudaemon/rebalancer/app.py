@@ -21,6 +21,7 @@ from gpudaemon.errors import ConfigError, KubeError, KubeNotFoundError
 from gpudaemon.extender.app import POD_SELECTOR, pending_selector
 from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.extender.informer import Reflector
+from gpudaemon.extender.pods import RESERVED_NODE_ANNOTATION, RESERVED_UNTIL_ANNOTATION
 from gpudaemon.extender.policies import build_policies, policy_spec
 from gpudaemon.httpserver import HttpServer, StartResponse, probe_response, text_response
 from gpudaemon.kube.backoff import Backoff
@@ -320,6 +321,9 @@ class Rebalancer:
                 msg = f"room for it on {plan.node} needs evicting {victims}; {what} {who.key}"
                 self._event(pod, "RebalanceSkipped", msg, warning=True, dedupe=why)
                 return len(plan.victims)
+            if not self.rb.dry_run and not self._reserve(pod, plan.node):
+                self.metrics.skipped.labels("defrag", "api_error").inc()
+                return len(plan.victims)
             verb = "would make" if self.rb.dry_run else "making"
             where = ", ".join(plan.targets)
             msg = f"{verb} room on {plan.node} by evicting {victims} (each fits now on: {where})"
@@ -340,6 +344,22 @@ class Rebalancer:
     def _eviction_body(self, pod: PodFacts) -> dict[str, Any]:
         return {"apiVersion": "policy/v1", "kind": "Eviction",
                 "metadata": {"name": pod.name, "namespace": pod.namespace}}  # fmt: skip
+
+    def _reserve(self, pod: PodFacts, node: str) -> bool:
+        """Mark the pending pod with the node its room is made on, so the extender keeps
+        that room for it (the evicted pods' replacements would otherwise take it back:
+        spreading replicas scores the emptied node best). False: not marked, do not
+        evict."""
+        until = self.wall() + self.rb.reserve_s
+        ann = {RESERVED_NODE_ANNOTATION: node, RESERVED_UNTIL_ANNOTATION: f"{until:.0f}"}
+        body = {"metadata": {"annotations": ann}}
+        try:
+            self.kube.request("PATCH", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
+                              body, content_type="application/merge-patch+json")  # fmt: skip
+            return True
+        except KubeError as e:
+            logger.warning("rebalancer: reserving {} for {}: {}", node, pod.key, e)
+            return False
 
     def _eviction_refused(self, pod: PodFacts) -> str:
         """The Eviction API's own answer, without evicting (dryRun=All): "" when it would
@@ -366,6 +386,8 @@ class Rebalancer:
                 self.metrics.evictions.labels(d.kind, "planned").inc()  # once per pod
                 logger.info("rebalancer (dry run): would evict {}: {}", pod.key, d.message)
             return True
+        if not self.elector.leading:
+            return False  # lost the Lease during the pass: the new leader decides
         if not allowed:
             self.metrics.skipped.labels(d.kind, "rate_limited").inc()
             self._event(pod, "RebalanceSkipped", f"{d.message}; over the rate limit now, later",
@@ -468,7 +490,10 @@ class Rebalancer:
                 except Exception as e:  # a bug must not stop the loop
                     logger.exception("rebalancer: pass failed: {}", e)
                 next_pass = self.clock() + self.rb.interval_s
-            self.stop_event.wait(min(renew, max(0.2, next_pass - self.clock())))
+            wait = self.elector.retry_in(renew)
+            if leading:
+                wait = min(wait, max(0.2, next_pass - self.clock()))
+            self.stop_event.wait(wait)
 
     def run(self) -> int:
         self.start()

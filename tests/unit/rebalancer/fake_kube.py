@@ -15,6 +15,7 @@ class FakeKube:
         self.events: list[dict[str, Any]] = []
         self.evictions: list[tuple[str, bool]] = []  # (ns/name, dry run)
         self.refuse: set[str] = set()  # ns/name answered 429 (a PDB)
+        self.patches: list[tuple[str, Any]] = []  # (pod name, merge patch)
         self.down = False
         self._rv = 0
 
@@ -26,6 +27,9 @@ class FakeKube:
         parts = path.strip("/").split("/")
         if "leases" in parts:
             return self._lease(method, parts, body)
+        if method == "PATCH":  # the reservation on a pending pod
+            self.patches.append((parts[-1], body))
+            return body
         if parts[-1] == "events":
             self.events.append(body)
             return body

@@ -3,6 +3,8 @@ after the holder's Lease has expired, and a replica that cannot renew steps down
 
 from __future__ import annotations
 
+import pytest
+
 from gpudaemon.kube.leader import LeaderElector
 from tests.clock import FakeClock
 from tests.unit.rebalancer.fake_kube import FakeKube
@@ -39,10 +41,23 @@ def test_a_leader_that_cannot_renew_steps_down_within_its_duration() -> None:
     a, _ = electors(kube, clock)
     assert a.try_acquire_or_renew()
     kube.down = True
-    clock.advance(10)
-    assert a.try_acquire_or_renew()  # API down: still inside its own lease
-    clock.advance(6)
+    clock.advance(8)
+    assert a.try_acquire_or_renew()  # API down: still inside its renew deadline (10 s)
+    clock.advance(3)
+    # Stepped down at 10 s, 5 s before anyone else may take the Lease (15 s).
     assert not a.try_acquire_or_renew() and not a.leading
+
+
+def test_a_standby_tries_again_when_the_holders_lease_runs_out() -> None:
+    kube, clock = FakeKube(), FakeClock()
+    a, b = electors(kube, clock)
+    assert a.try_acquire_or_renew()
+    clock.advance(2)
+    assert not b.try_acquire_or_renew()
+    assert b.retry_in(5.0) == 5.0  # 13 s to go: the usual period
+    clock.advance(10)
+    assert b.retry_in(5.0) == pytest.approx(3.05)  # then exactly when it runs out
+    assert a.retry_in(5.0) == 5.0
 
 
 def test_a_lost_write_race_is_not_leadership() -> None:

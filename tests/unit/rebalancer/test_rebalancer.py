@@ -75,6 +75,7 @@ def rig(apply: bool = False, **rebalance: Any) -> tuple[Rebalancer, FakeKube, Fa
     )
     rb = Rebalancer(cfg, "rb-a", client=kube, registry=CollectorRegistry(),  # type: ignore[arg-type]
                     clock=clock, wall=clock)  # fmt: skip
+    assert rb.elector.try_acquire_or_renew()
     return rb, kube, clock
 
 
@@ -172,6 +173,11 @@ def test_defragment_evicts_one_nodes_pods_and_only_when_it_holds() -> None:
     assert len(evicted) == 6 and len({k.split("-")[0] for k in evicted}) == 1
     assert all(dry for _, dry in kube.evictions[:6])  # each checked by a dry run first
     assert "RebalanceDefragment" in kube.reasons()
+    [(name, patch)] = kube.patches  # the room is kept for it, before any eviction
+    node_name = evicted[0].split("/")[1].split("-")[0]
+    assert name == "big"
+    assert patch["metadata"]["annotations"]["gpudaemon.io/reserved-node"] == node_name
+    assert float(patch["metadata"]["annotations"]["gpudaemon.io/reserved-until"]) == (clock() + 300)
     assert metric(rb, "gpudaemon_rebalancer_evictions_total", kind="defrag", result="done") == 6
     rb.run_pass()  # the same pending pod: its plan is settling, nothing more
     assert len([k for k, dry in kube.evictions if not dry]) == 6
