@@ -344,9 +344,12 @@ class ExtenderConfig(_Section):
     typical_pods: list[TypicalPod] = []
 
 
-_SELECTOR_REQ = re.compile(
-    r"^\s*!?[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?(\s*(==?|!=)\s*[-A-Za-z0-9_.]*)?\s*$"
+_SELECTOR_TERM = (
+    r"\s*!?[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?(\s*(==?|!=)\s*[-A-Za-z0-9_.]*)?\s*"
 )
+_SELECTOR_REQ = re.compile(f"^{_SELECTOR_TERM}$")
+# The same for the chart's values schema: helm refuses a bad selector before install.
+SELECTOR_PATTERN = f"^({_SELECTOR_TERM}(,{_SELECTOR_TERM})*)?$"
 
 
 def _check_selector(v: str) -> str:
@@ -380,7 +383,11 @@ class RebalanceConfig(_Section):
     # Pods that may be moved to defragment: the annotation gpudaemon.io/rebalance="true",
     # or matching this label selector (empty: the annotation only). Draining a sick GPU
     # needs no opt-in: the pod is already on a broken device.
-    selector: Annotated[str, AfterValidator(_check_selector)] = ""
+    selector: Annotated[
+        str,
+        AfterValidator(_check_selector),
+        Field(json_schema_extra={"pattern": SELECTOR_PATTERN}),
+    ] = ""
     # How long the room made for a pending pod is kept for it: the extender turns away
     # other pods of no higher priority from that node (the evicted pods' replacements
     # first) until the pod is bound, deleted, or this runs out.

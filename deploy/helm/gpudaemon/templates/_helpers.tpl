@@ -236,6 +236,7 @@ pods it makes room for, the Lease namespace, the label prefix, dry run). */}}
 {{- $managed := dict
   "labels" (dict "prefix" .Values.labelPrefix)
   "kubernetes" (dict "lease_namespace" .Release.Namespace)
+  "extender" (dict "policy" .Values.extender.policy)
   "rebalance" (dict
     "dry_run" (not $r.apply)
     "listen" (printf "0.0.0.0:%d" (int $r.metricsPort))
