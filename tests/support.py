@@ -77,6 +77,21 @@ def http_get(
         return e.code, e.read()
 
 
+def scrape(url: str, name: str, **labels: str) -> float:
+    """The sum of a /metrics page's samples `name` carrying `labels` (0 when none),
+    read with prometheus-client's own text parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, body = http_get(url)
+    assert status == 200, f"GET {url}: {status}"
+    return sum(
+        s.value
+        for fam in text_string_to_metric_families(body.decode())
+        for s in fam.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
 def start_agent(
     args: Sequence[str], env: dict[str, str] | None = None, log: Path | None = None
 ) -> subprocess.Popen[bytes]:

@@ -26,7 +26,7 @@ from gpudaemon.config import load_config
 from gpudaemon.errors import KubeError
 from tests.integration.podresources.fake_kubelet import KubeletServer, pod
 from tests.integration.scheduler.rig import GROUP, NS, SchedulerRig
-from tests.support import free_port, http_get, start_agent, stop, wait_for
+from tests.support import free_port, http_get, scrape, start_agent, stop, wait_for
 
 CONTROLLERS = "replicaset,deployment,disruption,garbagecollector"
 P = "gpudaemon.io/"
@@ -289,16 +289,5 @@ class RebalanceRig(SchedulerRig):
 
 
 def metric(url: str, name: str, **labels: str) -> float:
-    """One sample from a /metrics page (0 when absent)."""
-    status, body = http_get(url + "/metrics")
-    assert status == 200
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    head = f"{name}{{{want}}}" if labels else name
-    for line in body.decode().splitlines():
-        if line.startswith(head + " "):
-            return float(line.split()[-1])
-        if labels and line.startswith(name + "{"):
-            got = dict(kv.split("=", 1) for kv in line[len(name) + 1 : line.index("}")].split(","))
-            if all(got.get(k) == f'"{v}"' for k, v in labels.items()):
-                return float(line.split()[-1])
-    return 0.0
+    """One series of a rebalancer's /metrics (0 when absent)."""
+    return scrape(url + "/metrics", name, **labels)
