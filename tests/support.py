@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -39,10 +40,34 @@ def tools_bin(*tools: str) -> Path:
     return path
 
 
+# Ports below Linux's ephemeral range (32768-60999 by default): a port taken with
+# bind(0) comes from that range, so any outgoing connection (an agent to the API
+# server, the API server to etcd) could take it before the server we hand it to binds
+# it. That happened in CI. Below the range only servers bind, and each port is handed
+# out once per test process.
+_PORT_RANGE = (20000, 32768)
+_handed_out: set[int] = set()
+_rng = random.Random(os.getpid() ^ time.monotonic_ns())
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A localhost port nobody listens on, outside the kernel's ephemeral range."""
+    for _ in range(1000):
+        port = _rng.randrange(*_PORT_RANGE)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port in {_PORT_RANGE}")
+
+
+class ProcessExited(AssertionError):
+    """A server under test died while we waited for it: wait_for stops at once."""
 
 
 def wait_for(
@@ -52,7 +77,7 @@ def wait_for(
     what: str = "condition",
 ) -> T:
     """Call fn until it returns something truthy; fail with `what` after `timeout` s.
-    Exceptions count as "not yet" (a server still starting)."""
+    Exceptions count as "not yet" (a server still starting), except ProcessExited."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -60,6 +85,8 @@ def wait_for(
             v = fn()
             if v:
                 return v
+        except ProcessExited:
+            raise
         except Exception as e:
             last = e
         time.sleep(interval)

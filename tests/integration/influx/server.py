@@ -21,7 +21,7 @@ from typing import Any
 
 from influxdb_client.client.influxdb_client import InfluxDBClient
 
-from tests.support import free_port, wait_for
+from tests.support import ProcessExited, free_port, wait_for
 
 ADMIN = ("admin", "admin-password")
 
@@ -91,7 +91,7 @@ class InfluxServer:
     def _ping(self) -> bool:
         assert self.proc is not None
         if self.proc.poll() is not None:
-            raise AssertionError(f"influxd exited {self.proc.returncode}: see {self.log}")
+            raise ProcessExited(f"influxd exited {self.proc.returncode}: see {self.log}")
         with urllib.request.urlopen(f"{self.url}/ping", timeout=2) as r:
             return bool(r.status == 204)
 

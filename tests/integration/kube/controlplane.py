@@ -22,7 +22,7 @@ import yaml
 
 from gpudaemon.errors import KubeError, KubeNotFoundError
 from gpudaemon.kube.client import Credentials, KubeClient
-from tests.support import REPO, free_port, wait_for
+from tests.support import REPO, ProcessExited, free_port, wait_for
 
 AGENT_USER = "system:serviceaccount:gpudaemon:gpudaemon"
 RBAC = REPO / "deploy" / "manifests" / "rbac.yaml"
@@ -162,7 +162,7 @@ class ControlPlane:
     def _ready(self) -> bool:
         if self.apiserver is not None and self.apiserver.poll() is not None:
             tail = (self.dir / "apiserver.log").read_text()[-2000:]
-            raise RuntimeError(f"kube-apiserver exited {self.apiserver.returncode}:\n{tail}")
+            raise ProcessExited(f"kube-apiserver exited {self.apiserver.returncode}:\n{tail}")
         req = urllib.request.Request(
             f"{self.server}/readyz", headers={"Authorization": "Bearer admin-token"}
         )

@@ -26,7 +26,7 @@ from gpudaemon.config import load_config
 from gpudaemon.errors import KubeError
 from tests.integration.podresources.fake_kubelet import KubeletServer, pod
 from tests.integration.scheduler.rig import GROUP, NS, SchedulerRig
-from tests.support import free_port, http_get, scrape, start_agent, stop, wait_for
+from tests.support import ProcessExited, free_port, http_get, scrape, start_agent, stop, wait_for
 
 CONTROLLERS = "replicaset,deployment,disruption,garbagecollector"
 P = "gpudaemon.io/"
@@ -200,7 +200,7 @@ class RebalanceRig(SchedulerRig):
 
         def ready() -> bool:
             if proc.poll() is not None:
-                raise AssertionError(self.rebalancer_log(name)[-3000:])
+                raise ProcessExited(self.rebalancer_log(name)[-3000:])
             return http_get(url + "/readyz")[0] == 200
 
         wait_for(ready, 60, interval=0.2, what=f"rebalancer {name} ready")

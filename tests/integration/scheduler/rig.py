@@ -25,7 +25,7 @@ from gpudaemon.config import load_config
 from gpudaemon.errors import KubeNotFoundError
 from gpudaemon.extender.app import Extender
 from tests.integration.kube.controlplane import ControlPlane
-from tests.support import REPO, free_port, wait_for
+from tests.support import REPO, ProcessExited, free_port, wait_for
 
 SCHED_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
 GROUP = "gpudaemon.test/group"
@@ -106,7 +106,7 @@ class SchedulerRig:
 
         def healthy() -> bool:
             if proc.poll() is not None:
-                raise RuntimeError(self.scheduler_log(name)[-3000:])
+                raise ProcessExited(self.scheduler_log(name)[-3000:])
             import ssl
             import urllib.request
 
