@@ -7,6 +7,10 @@ thirds of the duration (client-go's renew deadline) from the start of its last
 successful renewal, while the others wait the whole duration from the renewTime it
 wrote. A standby tries again the moment the holder's Lease runs out, so a dead leader
 is replaced one duration after its last renewal.
+
+The leader can keep a little state in an annotation on the Lease (`save` gives the text
+on every write, `load` gets the text found when it takes the Lease), so whoever leads
+next, a standby or the same pod after a crash, carries on from it.
 """
 
 from __future__ import annotations
@@ -34,8 +38,13 @@ class LeaderElector:
         *,
         wall: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
+        state_key: str = "",
+        save: Callable[[], str] | None = None,
+        load: Callable[[str], None] | None = None,
     ) -> None:
         self.client, self.namespace, self.name = client, namespace, name
+        self.state_key, self._save, self._load = state_key, save, load
+        self.wrote = False  # the last attempt wrote the Lease as its holder
         self.identity, self.duration_s = identity, duration_s
         self.wall, self.clock = wall, clock
         self._renewed_at: float | None = None  # monotonic start of our last renewal
@@ -61,6 +70,8 @@ class LeaderElector:
         """One attempt; True when we lead afterwards. API errors mean "not now"."""
         path = lease_path(self.namespace, self.name)
         now = self.wall()
+        was = self.leading
+        self.wrote = False
         try:
             try:
                 lease = self.client.request("GET", path)
@@ -76,6 +87,9 @@ class LeaderElector:
                 self._lost()
                 return False
             self._other_expires = None
+            if not was and self._load is not None and self.state_key:
+                ann = (lease.get("metadata") or {}).get("annotations") or {}
+                self._load(str(ann.get(self.state_key) or ""))  # what the last leader kept
             transitions = int(spec.get("leaseTransitions") or 0)
             if holder != self.identity:
                 transitions += 1
@@ -88,8 +102,19 @@ class LeaderElector:
             logger.warning("rebalancer: leader election: {}", e)
             return self.leading  # keep leading until our own lease runs out
 
+    def checkpoint(self) -> bool:
+        """Renew now, writing the current state: True only when the Lease was written
+        with us as holder (an API error keeps `leading` but writes nothing)."""
+        self.try_acquire_or_renew()
+        return self.wrote
+
     def _body(self, old: dict[str, Any] | None, now: float, transitions: int) -> dict[str, Any]:
         meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        annotations = dict(((old or {}).get("metadata") or {}).get("annotations") or {})
+        if self._save is not None and self.state_key:
+            annotations[self.state_key] = self._save()
+        if annotations:
+            meta["annotations"] = annotations
         spec: dict[str, Any] = {
             "holderIdentity": self.identity,
             "leaseDurationSeconds": self.duration_s,
@@ -115,6 +140,7 @@ class LeaderElector:
         start = self.clock()
         self.client.request(method, path, body)
         self._renewed_at = start
+        self.wrote = True
         if not was:
             self.transitions += 1
             logger.info(

@@ -6,6 +6,7 @@ API (so every PodDisruptionBudget holds). Every decision is an Event on the pod.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import deque
@@ -40,6 +41,10 @@ from gpudaemon.rebalancer.planner import (
 )
 
 LEASE_NAME = "gpudaemon-rebalancer"
+# On the leader Lease: the rate-limit window and when each sick GPU was first seen, so
+# a restarted or new leader neither evicts past the limit nor starts the grace again.
+STATE_ANNOTATION = "gpudaemon.io/rebalancer-state"
+MAX_SAVED_SICK_GPUS = 2000  # keeps the annotation far below the 256 KiB object limit
 COMPONENT = "gpudaemon-rebalancer"
 EVENT_REPEAT_S = 600.0  # the same Event for the same pod at most this often
 RESULTS = ("planned", "done", "refused_pdb", "failed")
@@ -90,16 +95,21 @@ class RebalancerMetrics:
 
 
 class RateLimit:
-    """At most `per_minute` evictions in any 60 s, and `per_node` on one node."""
+    """At most `per_minute` evictions in any 60 s, and `per_node` on one node. The
+    window is kept in the leader Lease (`export`/`load`, wall-clock seconds), so neither
+    a restart nor a new leader starts it afresh."""
 
     def __init__(self, per_minute: int, per_node: int, clock: Callable[[], float]) -> None:
         self.per_minute, self.per_node, self.clock = per_minute, per_node, clock
         self._done: deque[tuple[float, str]] = deque()
 
-    def room(self, node: str) -> tuple[int, int]:
+    def _prune(self) -> None:
         now = self.clock()
         while self._done and now - self._done[0][0] >= 60.0:
             self._done.popleft()
+
+    def room(self, node: str) -> tuple[int, int]:
+        self._prune()
         on_node = sum(1 for _, n in self._done if n == node)
         return self.per_minute - len(self._done), self.per_node - on_node
 
@@ -109,6 +119,33 @@ class RateLimit:
 
     def record(self, node: str) -> None:
         self._done.append((self.clock(), node))
+
+    def forget(self, node: str) -> None:
+        """Take back the newest record for `node` (an eviction that did not happen)."""
+        for i in range(len(self._done) - 1, -1, -1):
+            if self._done[i][1] == node:
+                del self._done[i]
+                return
+
+    def export(self, wall_now: float) -> list[list[Any]]:
+        self._prune()
+        now = self.clock()
+        return [[round(wall_now - (now - t), 3), n] for t, n in self._done]
+
+    def load(self, entries: Iterable[Any], wall_now: float) -> None:
+        """Add another holder's window (wall times); entries we hold already, or that
+        are malformed, are left out."""
+        now = self.clock()
+        have = {(round(w, 3), n) for w, n in self.export(wall_now)}
+        merged = list(self._done)
+        for e in entries:
+            if not (isinstance(e, list) and len(e) == 2 and isinstance(e[1], str)
+                    and isinstance(e[0], int | float)):  # fmt: skip
+                continue
+            w, n = round(float(e[0]), 3), e[1]
+            if (w, n) not in have and wall_now - w < 60.0:
+                merged.append((now - (wall_now - w), n))
+        self._done = deque(sorted(merged))
 
 
 class Rebalancer:
@@ -160,6 +197,7 @@ class Rebalancer:
         self.elector = LeaderElector(
             client, cfg.kubernetes.lease_namespace, LEASE_NAME, identity,
             self.rb.lease_duration_s, wall=wall, clock=clock,
+            state_key=STATE_ANNOTATION, save=self._save_state, load=self._load_state,
         )  # fmt: skip
         cap = cfg.kubernetes.backoff_max_seconds
         c = self.cluster
@@ -246,6 +284,55 @@ class Rebalancer:
     def synced(self) -> bool:
         return all(r.synced.is_set() for r in self.reflectors)
 
+    # -- state kept on the Lease -----------------------------------------------------
+
+    def _save_state(self) -> str:
+        sick = sorted(self._unhealthy_since.items(), key=lambda kv: kv[1])
+        return json.dumps(
+            {
+                "evictions": self.limits.export(self.wall()),
+                "unhealthy_since": {
+                    f"{n}/{u}": round(t, 3) for (n, u), t in sick[:MAX_SAVED_SICK_GPUS]
+                },
+            },
+            separators=(",", ":"),
+        )
+
+    def _load_state(self, text: str) -> None:
+        if not text:
+            return
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict):
+                raise ValueError("not an object")
+        except ValueError as e:
+            logger.warning("rebalancer: ignoring unreadable {} on the Lease: {}",
+                           STATE_ANNOTATION, e)  # fmt: skip
+            return
+        evictions = data.get("evictions")
+        self.limits.load(evictions if isinstance(evictions, list) else [], self.wall())
+        since = data.get("unhealthy_since")
+        for key, t in since.items() if isinstance(since, dict) else []:
+            node, _, uuid = str(key).partition("/")
+            if uuid and isinstance(t, int | float):
+                k = (node, uuid)
+                self._unhealthy_since[k] = min(float(t), self._unhealthy_since.get(k, float(t)))
+        logger.info("rebalancer: carried on from the Lease: {} evictions in the last minute, "
+                    "{} unhealthy GPUs' grace clocks", len(self.limits.export(self.wall())),
+                    len(self._unhealthy_since))  # fmt: skip
+
+    def _commit(self, node: str, count: int) -> bool:
+        """Write evictions into the Lease before making them, and make sure we still
+        lead: a crash right after them still counts them, and a replica that lost the
+        Lease evicts nothing. False: do not evict."""
+        for _ in range(count):
+            self.limits.record(node)
+        if self.elector.checkpoint():
+            return True
+        for _ in range(count):
+            self.limits.forget(node)
+        return False
+
     # -- a pass ---------------------------------------------------------------------
 
     def run_pass(self) -> None:
@@ -324,6 +411,8 @@ class Rebalancer:
             if not self.rb.dry_run and not self._reserve(pod, plan.node):
                 self.metrics.skipped.labels("defrag", "api_error").inc()
                 return len(plan.victims)
+            if not self.rb.dry_run and not self._commit(plan.node, len(plan.victims)):
+                return len(plan.victims)  # lost the Lease: the new leader decides
             verb = "would make" if self.rb.dry_run else "making"
             where = ", ".join(plan.targets)
             msg = f"{verb} room on {plan.node} by evicting {victims} (each fits now on: {where})"
@@ -331,7 +420,7 @@ class Rebalancer:
             for v, target in zip(plan.victims, plan.targets, strict=True):
                 msg = (f"to make room on {plan.node} for {pod.key} ({pod.shape.gpus} GPUs), "
                        f"which fits nowhere now; this pod fits on {target}")  # fmt: skip
-                self._evict(Decision(v, "defrag", "make_room", msg, True), True)
+                self._evict(Decision(v, "defrag", "make_room", msg, True), True, committed=True)
             self._made_room_for[pod.uid] = now
             return 0  # one plan per pass: let the scheduler settle first
         return 0
@@ -377,8 +466,9 @@ class Rebalancer:
             logger.warning("rebalancer: eviction check for {}: {}", pod.key, e)
             return "api_error"
 
-    def _evict(self, d: Decision, allowed: bool) -> bool:
-        """Evict (or, dry-run, say it would); True when done or planned."""
+    def _evict(self, d: Decision, allowed: bool, committed: bool = False) -> bool:
+        """Evict (or, dry-run, say it would); True when done or planned. `committed`:
+        already written into the Lease's rate-limit window by the caller."""
         pod = d.pod
         if self.rb.dry_run:
             msg = f"dry run: would evict: {d.message}"
@@ -386,18 +476,20 @@ class Rebalancer:
                 self.metrics.evictions.labels(d.kind, "planned").inc()  # once per pod
                 logger.info("rebalancer (dry run): would evict {}: {}", pod.key, d.message)
             return True
-        if not self.elector.leading:
-            return False  # lost the Lease during the pass: the new leader decides
         if not allowed:
             self.metrics.skipped.labels(d.kind, "rate_limited").inc()
             self._event(pod, "RebalanceSkipped", f"{d.message}; over the rate limit now, later",
                         warning=True, dedupe="rate_limited")  # fmt: skip
             return False
+        if not committed and not self._commit(pod.node, 1):
+            return False  # lost the Lease during the pass: the new leader decides
         try:
             self.kube.request("POST", self._eviction_path(pod), self._eviction_body(pod))
         except KubeNotFoundError:
+            self.limits.forget(pod.node)
             return True  # gone already
         except KubeError as e:
+            self.limits.forget(pod.node)  # not evicted: it does not count
             if e.status == 429:
                 self.metrics.evictions.labels(d.kind, "refused_pdb").inc()
                 msg = f"{d.message}; a PodDisruptionBudget does not allow it now, retried later"
@@ -406,7 +498,6 @@ class Rebalancer:
                 self.metrics.evictions.labels(d.kind, "failed").inc()
                 logger.warning("rebalancer: evicting {} failed: {}", pod.key, e)
             return False
-        self.limits.record(pod.node)
         self.metrics.evictions.labels(d.kind, "done").inc()
         logger.info("rebalancer: evicted {}: {}", pod.key, d.message)
         self._event(pod, "RebalanceEvicted", d.message)

@@ -10,6 +10,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from gpudaemon.config import Config
+from gpudaemon.errors import KubeUnavailableError
 from gpudaemon.rebalancer.app import RateLimit, Rebalancer, _selector
 from tests.clock import FakeClock
 from tests.unit.extender.test_cluster import lease_obj
@@ -68,12 +69,15 @@ def pod(name: str, node_name: str = "", gpus: int = 1, owned: bool = True,
     }
 
 
-def rig(apply: bool = False, **rebalance: Any) -> tuple[Rebalancer, FakeKube, FakeClock]:
-    kube, clock = FakeKube(), FakeClock()
+def rig(apply: bool = False, kube: FakeKube | None = None, clock: FakeClock | None = None,
+        identity: str = "rb-a", **rebalance: Any) -> tuple[Rebalancer, FakeKube, FakeClock]:  # fmt: skip
+    """A leading rebalancer; pass `kube` and `clock` for another replica of the same
+    cluster (or the same one after a restart)."""
+    kube, clock = kube or FakeKube(), clock or FakeClock()
     cfg = Config.model_validate(
         {"node_name": "test", "rebalance": {"dry_run": not apply, "grace_s": 60, **rebalance}}
     )
-    rb = Rebalancer(cfg, "rb-a", client=kube, registry=CollectorRegistry(),  # type: ignore[arg-type]
+    rb = Rebalancer(cfg, identity, client=kube, registry=CollectorRegistry(),  # type: ignore[arg-type]
                     clock=clock, wall=clock)  # fmt: skip
     assert rb.elector.try_acquire_or_renew()
     return rb, kube, clock
@@ -203,3 +207,71 @@ def test_selector_terms() -> None:
     assert not m({"team": "ml", "tier": "prod", "batch": ""})
     assert not m({"team": "ml", "batch": "", "pinned": "1"}) and not m({"team": "ml"})
     assert not _selector("")({"anything": "x"})
+
+
+def test_a_restart_keeps_the_rate_limit_window_and_a_new_leader_the_grace_clock() -> None:
+    """Both live on the leader Lease: a crash-looping rebalancer cannot evict past the
+    per-minute cap, and a standby that takes over does not start the grace again."""
+    holders = {i: [f"ml/p{i}"] for i in range(4)}
+    nodes = [node("n1", sick=holders)]
+    running = [pod(f"p{i}", "n1") for i in range(4)]
+    rb, kube, clock = rig(apply=True, grace_s=0, max_evictions_per_minute=2)
+    load(rb, clock, nodes, running)
+    rb.run_pass()
+    assert len(kube.evictions) == 2
+    # kill -9 and back, same pod name, 5 s later: still inside the minute.
+    clock.advance(5)
+    rb2, _, _ = rig(apply=True, kube=kube, clock=clock, grace_s=0, max_evictions_per_minute=2)
+    load(rb2, clock, nodes, running[2:])
+    rb2.run_pass()
+    assert len(kube.evictions) == 2
+    assert metric(rb2, "gpudaemon_rebalancer_skipped_total", kind="drain",
+                  reason="rate_limited") == 2  # fmt: skip
+    clock.advance(56)  # the minute since the evictions is over
+    rb2.run_pass()
+    assert len(kube.evictions) == 4
+
+    # The grace clock: a sees the sick GPU at t0 and dies at t0+30; b takes over when
+    # a's Lease runs out and evicts at t0+60, not a whole grace after taking over.
+    a, kube, clock = rig(apply=True, grace_s=60)
+    load(a, clock, [node("n1", sick={0: ["ml/x"]})], [pod("x", "n1")])
+    a.run_pass()
+    clock.advance(30)
+    a.run_pass()
+    assert a.elector.checkpoint() and kube.evictions == []
+    clock.advance(16)  # a's 15 s Lease has run out
+    b, _, _ = rig(apply=True, kube=kube, clock=clock, identity="rb-b", grace_s=60)
+    load(b, clock, [node("n1", sick={0: ["ml/x"]})], [pod("x", "n1")])
+    b.run_pass()
+    assert kube.evictions == []  # t0+46
+    clock.advance(15)
+    b.run_pass()
+    assert kube.evictions == [("ml/x", False)]  # t0+61
+
+
+def test_a_replica_that_cannot_write_the_lease_evicts_nothing() -> None:
+    rb, kube, clock = rig(apply=True, grace_s=0)
+    load(rb, clock, [node("n1", sick={0: ["ml/a"]})], [pod("a", "n1")])
+    orig = kube.request
+
+    def no_lease_writes(method: str, path: str, body: Any = None, **kw: Any) -> dict[str, Any]:
+        if "leases" in path and method == "PUT":
+            raise KubeUnavailableError("PUT lease: etcd timeout", 504)
+        return orig(method, path, body, **kw)
+
+    kube.request = no_lease_writes  # type: ignore[method-assign]
+    rb.run_pass()
+    assert kube.evictions == []  # still "leading" by its deadline, but not proven: no
+    assert rb.limits.room("n1") == (10, 8)  # and the window holds nothing it did not do
+
+
+def test_unreadable_state_on_the_lease_is_ignored() -> None:
+    _, kube, clock = rig(apply=True, grace_s=0)
+    junks = ("{not json", "[1, 2]", json.dumps({"evictions": [[1, 2], "x", [None, "n"]],
+                                               "unhealthy_since": {"nouuid": 1, "n/u": "x"}}))  # fmt: skip
+    for junk in junks:
+        kube.leases["gpudaemon-rebalancer"]["metadata"]["annotations"][
+            "gpudaemon.io/rebalancer-state"
+        ] = junk
+        rb, _, _ = rig(apply=True, kube=kube, clock=clock, grace_s=0)  # a restart reads it
+        assert rb.limits.room("n1") == (10, 8) and rb._unhealthy_since == {}
