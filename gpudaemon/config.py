@@ -37,6 +37,7 @@ from gpudaemon.errors import ConfigError, CronError, UsageError
 from gpudaemon.incluster import SA_TOKEN
 from gpudaemon.labels.sanitize import DEFAULT_PREFIX, validate_prefix
 from gpudaemon.schedule import CRON_PATTERN, parse_cron
+from gpudaemon.selector import SELECTOR_PATTERN, check_selector
 from gpudaemon.textfile import MIB, check_regular_file, read_text_file
 
 ENV_PREFIX = "GPUDAEMON_"
@@ -344,24 +345,6 @@ class ExtenderConfig(_Section):
     typical_pods: list[TypicalPod] = []
 
 
-_SELECTOR_TERM = (
-    r"\s*!?[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?(\s*(==?|!=)\s*[-A-Za-z0-9_.]*)?\s*"
-)
-_SELECTOR_REQ = re.compile(f"^{_SELECTOR_TERM}$")
-# The same for the chart's values schema: helm refuses a bad selector before install.
-SELECTOR_PATTERN = f"^({_SELECTOR_TERM}(,{_SELECTOR_TERM})*)?$"
-
-
-def _check_selector(v: str) -> str:
-    """A label selector of equality terms (`a=b,c!=d,e,!f`), as the API takes it."""
-    if v and not all(_SELECTOR_REQ.match(t) for t in v.split(",")):
-        raise ValueError(
-            f"invalid label selector {v!r}: expected terms like key=value, key!=value, key or "
-            "!key, separated by commas"
-        )
-    return v
-
-
 class RebalanceConfig(_Section):
     """`gpudaemon rebalance`: drain pods off unhealthy GPUs, defragment for pending
     pods. Acts only with --apply (or dry_run: false); otherwise logs and emits Events."""
@@ -385,7 +368,7 @@ class RebalanceConfig(_Section):
     # needs no opt-in: the pod is already on a broken device.
     selector: Annotated[
         str,
-        AfterValidator(_check_selector),
+        AfterValidator(check_selector),
         Field(json_schema_extra={"pattern": SELECTOR_PATTERN}),
     ] = ""
     # How long the room made for a pending pod is kept for it: the extender turns away

@@ -104,19 +104,23 @@ def http_get(
         return e.code, e.read()
 
 
-def scrape(url: str, name: str, **labels: str) -> float:
-    """The sum of a /metrics page's samples `name` carrying `labels` (0 when none),
-    read with prometheus-client's own text parser."""
+def scrape(url: str, name: str, *, required: bool = False, **labels: str) -> float:
+    """The sum of a /metrics page's samples `name` carrying `labels` (0 when none, or
+    an AssertionError when `required`), read with prometheus-client's own text parser.
+    The one /metrics reader of the suite."""
     from prometheus_client.parser import text_string_to_metric_families
 
     status, body = http_get(url)
     assert status == 200, f"GET {url}: {status}"
-    return sum(
+    values = [
         s.value
         for fam in text_string_to_metric_families(body.decode())
         for s in fam.samples
         if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
-    )
+    ]
+    if required and not values:
+        raise AssertionError(f"{name}{labels} not in {url}")
+    return float(sum(values))
 
 
 def start_agent(

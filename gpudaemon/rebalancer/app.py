@@ -39,6 +39,7 @@ from gpudaemon.rebalancer.planner import (
     node_facts,
     pod_facts,
 )
+from gpudaemon.selector import selector_matcher
 
 LEASE_NAME = "gpudaemon-rebalancer"
 # On the leader Lease: the rate-limit window and when each sick GPU was first seen, so
@@ -182,7 +183,7 @@ class Rebalancer:
         self.cluster = ClusterState(cfg.labels.prefix, wall=wall)
         self.product_label = self.cluster.product_label
         self.gpus_key = cfg.labels.prefix + "gpus"
-        self.selector = _selector(self.rb.selector)
+        self.selector = selector_matcher(self.rb.selector)
         self._lock = threading.Lock()
         self.nodes: dict[str, NodeFacts] = {}
         self.gpu_states: dict[str, list[GpuState]] = {}
@@ -599,26 +600,3 @@ class Rebalancer:
         self.elector.release()
         self.metrics.leader.set(0)
         self.server.stop()
-
-
-def _selector(expr: str) -> Callable[[Mapping[str, str]], bool]:
-    """A matcher for an equality label selector (config checks its form)."""
-    terms = [_term(t.strip()) for t in expr.split(",")] if expr.strip() else []
-
-    def matches(labels: Mapping[str, str]) -> bool:
-        return bool(terms) and all(term(labels) for term in terms)
-
-    return matches
-
-
-def _term(t: str) -> Callable[[Mapping[str, str]], bool]:
-    if "!=" in t:
-        k, v = (x.strip() for x in t.split("!=", 1))
-        return lambda labels: labels.get(k) != v
-    if "=" in t:
-        k, v = (x.strip() for x in t.replace("==", "=").split("=", 1))
-        return lambda labels: labels.get(k) == v
-    if t.startswith("!"):
-        key = t[1:].strip()
-        return lambda labels: key not in labels
-    return lambda labels: t in labels

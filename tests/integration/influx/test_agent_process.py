@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.influx.server import InfluxServer
-from tests.support import free_port, http_get, start_agent, stop, wait_for
+from tests.support import free_port, http_get, scrape, start_agent, stop, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -56,13 +55,7 @@ class AgentProcess:
         return http_get(f"http://127.0.0.1:{self.port}/healthz", timeout=2)[0] == 200
 
     def metric(self, name: str, **labels: str) -> float:
-        status, body = http_get(f"http://127.0.0.1:{self.port}/metrics", timeout=5)
-        assert status == 200
-        for fam in text_string_to_metric_families(body.decode()):
-            for s in fam.samples:
-                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                    return float(s.value)
-        raise AssertionError(f"{name}{labels} not in /metrics")
+        return scrape(f"http://127.0.0.1:{self.port}/metrics", name, required=True, **labels)
 
     def wait_metric(
         self, name: str, pred: Callable[[float], bool], timeout: float = 30, **labels: str

@@ -5,7 +5,6 @@ missing Node is one log line when it goes and one when labels are written again.
 
 from __future__ import annotations
 
-import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.integration.kube.controlplane import ControlPlane
-from tests.support import free_port, http_get, start_agent, stop, wait_for
+from tests.support import free_port, scrape, start_agent, stop, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -29,12 +28,6 @@ def lease_owner(cp: ControlPlane, node: str) -> str | None:
 def labelled(cp: ControlPlane, node: str) -> dict[str, Any] | None:
     n = cp.node(node)
     return n if n["metadata"].get("labels", {}).get(P + "gpu.count") == "8" else None
-
-
-def metric(port: int, name: str, labels: str) -> float:
-    _, body = http_get(f"http://127.0.0.1:{port}/metrics")
-    m = re.search(rf"^{name}\{{{labels}\}} (\S+)$", body.decode(), re.M)
-    return float(m.group(1)) if m else 0.0
 
 
 def test_recreated_node_gets_labels_and_lease_owner_back(
@@ -62,7 +55,14 @@ def test_recreated_node_gets_labels_and_lease_owner_back(
         # Gone for a while: several reconciles and retries fail with 404.
         cp.admin.request("DELETE", f"/api/v1/nodes/{node}")
         wait_for(
-            lambda: metric(port, "gpudaemon_node_writes_total", 'result="error"') >= 3,
+            lambda: (
+                scrape(
+                    f"http://127.0.0.1:{port}/metrics",
+                    "gpudaemon_node_writes_total",
+                    result="error",
+                )
+                >= 3
+            ),
             timeout=60,
             what="three failed attempts while the Node is missing",
         )

@@ -98,6 +98,17 @@ def test_drain_a_pod_off_a_gpu_with_xid_79(rig: RebalanceRig) -> None:
     # The budget goes: the pod is evicted; its replacement runs on a healthy GPU.
     rig.delete(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/trainer")
 
+    def kept_on_the_lease() -> dict[str, Any] | None:
+        """The eviction is written into the leader Lease (so a restarted or new leader
+        counts it) with the sick GPU's grace clock."""
+        ann = rig.cp.admin.request("GET", LEASE)["metadata"].get("annotations") or {}
+        state = json.loads(ann.get("gpudaemon.io/rebalancer-state") or "{}")
+        return state if state.get("evictions") else None
+
+    state = wait_for(kept_on_the_lease, 60, what="the eviction on the rebalancer's Lease")
+    assert [n for _, n in state["evictions"]] == [node]
+    assert any(k.startswith(node + "/") for k in state["unhealthy_since"])
+
     def replaced() -> tuple[str, str] | None:
         now = bound(rig, "app=trainer")
         return next(iter(now.items())) if now and name not in now else None

@@ -34,7 +34,7 @@ from gpudaemon.labels.annotations import decode_gpus
 from tests.certs import Pki, make_pki
 from tests.integration.kube.controlplane import ADMISSION, RBAC, ControlPlane
 from tests.integration.scheduler.rig import SchedulerRig
-from tests.support import free_port, http_get, start_agent, stop, wait_for
+from tests.support import free_port, http_get, scrape, start_agent, stop, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -54,14 +54,7 @@ class Proc:
         raise AssertionError("no VmRSS")
 
     def metric(self, name: str, **labels: str) -> float:
-        _, body = http_get(f"http://127.0.0.1:{self.ports['metrics']}/metrics")
-        total = 0.0
-        for line in body.decode().splitlines():
-            if not line.startswith(name + "{") and not line.startswith(name + " "):
-                continue
-            if all(f'{k}="{v}"' in line for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return scrape(f"http://127.0.0.1:{self.ports['metrics']}/metrics", name, **labels)
 
 
 def start_extender(

@@ -11,7 +11,8 @@ from prometheus_client import CollectorRegistry
 
 from gpudaemon.config import Config
 from gpudaemon.errors import KubeUnavailableError
-from gpudaemon.rebalancer.app import RateLimit, Rebalancer, _selector
+from gpudaemon.rebalancer.app import RateLimit, Rebalancer
+from gpudaemon.selector import selector_matcher
 from tests.clock import FakeClock
 from tests.unit.extender.test_cluster import lease_obj
 from tests.unit.rebalancer.fake_kube import FakeKube
@@ -202,11 +203,11 @@ def test_defragment_evicts_one_nodes_pods_and_only_when_it_holds() -> None:
 
 
 def test_selector_terms() -> None:
-    m = _selector("team=ml, tier!=prod,batch,!pinned")
+    m = selector_matcher("team=ml, tier!=prod,batch,!pinned")
     assert m({"team": "ml", "batch": ""}) and m({"team": "ml", "tier": "dev", "batch": "1"})
     assert not m({"team": "ml", "tier": "prod", "batch": ""})
     assert not m({"team": "ml", "batch": "", "pinned": "1"}) and not m({"team": "ml"})
-    assert not _selector("")({"anything": "x"})
+    assert not selector_matcher("")({"anything": "x"})
 
 
 def test_a_restart_keeps_the_rate_limit_window_and_a_new_leader_the_grace_clock() -> None:
