@@ -209,7 +209,9 @@ def _extender(args: argparse.Namespace) -> int:
     from gpudaemon.extender.app import Extender
     from gpudaemon.logsetup import setup_logging
 
-    cfg = load_config(args.config, overrides=_overrides(args, _EXTENDER_FLAGS))
+    cfg = load_config(
+        args.config, overrides=_overrides(args, _EXTENDER_FLAGS), node_name_used=False
+    )
     setup_logging(cfg.logging.level, cfg.logging.json_)
     ext = Extender(cfg)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -228,7 +230,7 @@ def _rebalance(args: argparse.Namespace) -> int:
     overrides = _overrides(args, _REBALANCE_FLAGS)
     if args.apply or args.dry_run:
         overrides.setdefault("rebalance", {})["dry_run"] = bool(args.dry_run)
-    cfg = load_config(args.config, overrides=overrides)
+    cfg = load_config(args.config, overrides=overrides, node_name_used=False)
     setup_logging(cfg.logging.level, cfg.logging.json_)
     identity = args.identity or os.environ.get("POD_NAME") or socket.gethostname()
     rb = Rebalancer(cfg, identity.strip())
@@ -328,7 +330,7 @@ def _status(args: argparse.Namespace) -> int:
             validate_prefix(args.prefix)
         except ValueError as e:
             raise UsageError(f"--prefix: {e}") from None
-    cfg = load_config(args.config, overrides=_overrides(args, _STATUS_FLAGS))
+    cfg = load_config(args.config, overrides=_overrides(args, _STATUS_FLAGS), node_name_used=False)
     k = cfg.kubernetes
     creds = find_credentials(k.kubeconfig, bool(k.in_cluster))
     if creds is None:

@@ -416,9 +416,12 @@ class Config(_Section):
     logging: LoggingConfig = LoggingConfig.model_validate({})
 
     @model_validator(mode="after")
-    def _defaults(self) -> Config:
-        # It goes into API paths: only a valid Node name (DNS-1123 subdomain) may.
-        if len(self.node_name) > 253 or not DNS1123_SUBDOMAIN.fullmatch(self.node_name):
+    def _defaults(self, info: ValidationInfo) -> Config:
+        # It goes into API paths: only a valid Node name (DNS-1123 subdomain) may. The
+        # extender, the rebalancer and `status` never use it: a hostname that is no
+        # Node name (an underscore, say) must not stop them.
+        used = (info.context or {}).get("node_name_used", True)
+        if used and (len(self.node_name) > 253 or not DNS1123_SUBDOMAIN.fullmatch(self.node_name)):
             raise ValueError(
                 f"node_name {self.node_name!r} is not a valid Node name "
                 "(lower-case letters, digits, '-' and '.', at most 253 characters); "
@@ -554,7 +557,11 @@ def load_config(
     path: str | None = None,
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    *,
+    node_name_used: bool = True,
 ) -> Config:
+    """The configuration from `path`, the environment and `overrides`, validated.
+    `node_name_used=False` for programs that do not run on a GPU node."""
     data: dict[str, Any] = {}
     if path:
         # Only a regular file, at most 1 MiB: /dev/zero, a FIFO or /dev/stdin on a pipe
@@ -574,7 +581,7 @@ def load_config(
     data = _deep_merge(data, overrides or {})
     data = _from_environment(data, env)
     try:
-        return Config.model_validate(data)
+        return Config.model_validate(data, context={"node_name_used": node_name_used})
     except ValidationError as e:
         raise ConfigError(_describe(e, path)) from None
 

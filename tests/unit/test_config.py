@@ -154,3 +154,14 @@ def test_node_name_from_hostname_is_lower_cased(monkeypatch: pytest.MonkeyPatch)
 def test_invalid_node_names_are_refused(name: str) -> None:
     with pytest.raises(ConfigError, match="not a valid Node name"):
         load_config(environ={}, overrides={"node_name": name})
+
+
+def test_programs_off_the_gpu_node_do_not_need_a_node_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The extender, the rebalancer and `status` run where the hostname may be no Node
+    name (an underscore); only the agent, which writes its Node, needs one."""
+    monkeypatch.setattr(socket, "gethostname", lambda: "build_box")
+    with pytest.raises(ConfigError, match="not a valid Node name"):
+        load_config(environ={})
+    assert load_config(environ={}, node_name_used=False).extender.listen
