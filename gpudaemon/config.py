@@ -219,7 +219,8 @@ class MetricsConfig(_Section):
 
 
 class InfluxConfig(_Section):
-    url: Annotated[str, AfterValidator(_check_influx_url)] = ""  # empty: history is off
+    # empty: history is off; http://user:password@host sends Basic auth unless a token is set
+    url: Annotated[str, AfterValidator(_check_influx_url)] = ""
     org: str = ""
     bucket: str = ""
     token_file: str = ""

@@ -35,7 +35,11 @@ class ClientTransport:
 
     def __init__(self, url: str, token: str, org: str, bucket: str, timeout_ms: int) -> None:
         query = urllib.parse.urlencode({"org": org, "bucket": bucket, "precision": "ms"})
-        self._url = f"{url.rstrip('/')}/api/v2/write?{query}"
+        parts = urllib.parse.urlsplit(url)
+        user, password = parts.username, parts.password
+        if user is not None:  # never sent in the request line; the header carries it
+            parts = parts._replace(netloc=parts.netloc.rpartition("@")[2])
+        self._url = f"{urllib.parse.urlunsplit(parts).rstrip('/')}/api/v2/write?{query}"
         self._headers = {
             "Content-Type": "text/plain; charset=utf-8",
             "Accept": "application/json",
@@ -43,6 +47,15 @@ class ClientTransport:
         }
         if token:
             self._headers["Authorization"] = f"Token {token}"
+        elif user is not None:
+            # http://user:password@host, as curl reads it: HTTP Basic auth (InfluxDB
+            # 1.8 takes its users' passwords so; a token, when given, wins).
+            self._headers.update(
+                urllib3.make_headers(
+                    basic_auth=f"{urllib.parse.unquote(user)}:"
+                    f"{urllib.parse.unquote(password or '')}"
+                )
+            )
         # retries=False: a retry would block the history job past timeout_ms; the
         # spool is our retry. One connection: the history job is the only writer.
         tls: dict[str, str] = {}

@@ -182,3 +182,26 @@ def test_wrong_token_is_unauthorized_and_the_right_one_works(
     right.close()
     assert right.metric("gpudaemon_influxdb_write_errors_total", kind="unauthorized") == 0
     assert len(influxd_auth.points(db, field="power_watts")) == 8
+
+
+def test_credentials_in_the_url_are_sent_as_basic_auth(
+    influxd_auth: InfluxServer, tmp_path: Path, logs: io.StringIO
+) -> None:
+    """http://user:password@host works as curl reads it (no token needed), and a wrong
+    password in the URL is a real 401 whose password reaches no log line."""
+    db = influxd_auth.create_database("urlauth")
+    host = influxd_auth.url.removeprefix("http://")
+    wrong = Rig(tmp_path / "a", f"http://admin:wrong-pw-4711@{host}", db, Clock())
+    wrong.cycle()
+    wrong.close()
+    assert wrong.metric("gpudaemon_influxdb_write_errors_total", kind="unauthorized") == 1
+    assert "wrong-pw-4711" not in logs.getvalue()
+
+    # A password with URL-escaped characters is unescaped before it is sent.
+    influxd_auth.influxql("CREATE USER \"we b\" WITH PASSWORD 'p@ss:w/rd' WITH ALL PRIVILEGES",
+                          ("admin", "admin-password"))  # fmt: skip
+    right = Rig(tmp_path / "b", f"http://we%20b:p%40ss%3Aw%2Frd@{host}", db, Clock())
+    right.cycle()
+    right.close()
+    assert right.metric("gpudaemon_influxdb_write_errors_total", kind="unauthorized") == 0
+    assert len(influxd_auth.points(db, field="power_watts")) == 8

@@ -4,12 +4,14 @@ tests/integration/influx."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
 import socket
 import stat
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -385,6 +387,44 @@ def test_silent_server_times_out_within_timeout_ms() -> None:
             t.write(b"gpu x=1i 1\n")
         t.close()
     assert e.value.kind == "timeout"
+
+
+def _one_request(url_for: Callable[[int], str], token: str) -> bytes:
+    """The raw request a ClientTransport sends, answered 204 by a one-shot socket."""
+    got: list[bytes] = []
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+
+        def serve() -> None:
+            conn, _ = s.accept()
+            with conn:
+                data = b""
+                while b"gpu x=1i" not in data:
+                    data += conn.recv(65536)
+                got.append(data)
+                conn.sendall(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n")
+
+        th = threading.Thread(target=serve)
+        th.start()
+        t = ClientTransport(url_for(s.getsockname()[1]), token, "", "db", timeout_ms=5000)
+        t.write(b"gpu x=1i 1\n")
+        t.close()
+        th.join(5)
+    return got[0]
+
+
+def test_credentials_in_the_url_become_basic_auth_and_leave_the_request_line() -> None:
+    raw = _one_request(lambda p: f"http://we%20b:p%40ss@127.0.0.1:{p}/x", token="")
+    head = raw.split(b"\r\n\r\n")[0].decode()
+    assert head.startswith("POST /x/api/v2/write?") and "p%40ss" not in head
+    basic = base64.b64encode(b"we b:p@ss").decode()
+    auth = [v for line in head.split("\r\n")[1:]
+            for k, _, v in [line.partition(": ")] if k.lower() == "authorization"]  # fmt: skip
+    assert auth == [f"Basic {basic}"]
+    # A token, when given, wins over the URL's credentials.
+    raw = _one_request(lambda p: f"http://u:pw@127.0.0.1:{p}", token="admin:tok")
+    assert b"Token admin:tok" in raw and b"Basic" not in raw
 
 
 def test_a_permanent_problem_is_one_log_line_not_one_per_cycle(tmp_path: Path) -> None:
