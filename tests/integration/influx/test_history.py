@@ -193,8 +193,8 @@ def test_credentials_in_the_url_are_sent_as_basic_auth(
     host = influxd_auth.url.removeprefix("http://")
     wrong = Rig(tmp_path / "a", f"http://admin:wrong-pw-4711@{host}", db, Clock())
     wrong.cycle()
-    wrong.close()
     assert wrong.metric("gpudaemon_influxdb_write_errors_total", kind="unauthorized") == 1
+    wrong.close()
     assert "wrong-pw-4711" not in logs.getvalue()
 
     # A password with URL-escaped characters is unescaped before it is sent.
