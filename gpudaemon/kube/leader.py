@@ -8,6 +8,12 @@ successful renewal, while the others wait the whole duration from the renewTime 
 wrote. A standby tries again the moment the holder's Lease runs out, so a dead leader
 is replaced one duration after its last renewal.
 
+The renewTime is the leader's wall clock, read by the standby's: with clocks apart, it
+alone could let a standby take over while the leader still acts. So a standby also
+waits, on its own monotonic clock, the renew deadline from when it last saw the Lease
+change (as client-go counts from its own observation): by then the leader, which
+renewed before that, has stepped down, whatever the wall clocks say.
+
 The leader can keep a little state in an annotation on the Lease (`save` gives the text
 on every write, `load` gets the text found when it takes the Lease), so whoever leads
 next, a standby or the same pod after a crash, carries on from it.
@@ -51,6 +57,8 @@ class LeaderElector:
         self.renew_deadline_s = duration_s * 2 / 3
         self.transitions = 0
         self._other_expires: float | None = None  # wall time another holder's Lease ends
+        self._seen: tuple[str, str, str] | None = None  # (holder, renewTime, rv) last seen
+        self._seen_at = 0.0  # monotonic time it was first seen
 
     @property
     def leading(self) -> bool:
@@ -64,7 +72,11 @@ class LeaderElector:
         holder's Lease runs out (and a little), whichever comes first."""
         if self.leading or self._other_expires is None:
             return period_s
-        return max(0.05, min(period_s, self._other_expires - self.wall() + 0.05))
+        wait = max(
+            self._other_expires - self.wall(),
+            self._seen_at + self.renew_deadline_s - self.clock(),
+        )
+        return max(0.05, min(period_s, wait + 0.05))
 
     def try_acquire_or_renew(self) -> bool:
         """One attempt; True when we lead afterwards. API errors mean "not now"."""
@@ -82,6 +94,13 @@ class LeaderElector:
             holder = spec.get("holderIdentity") or ""
             expiry = lease_expiry(lease)
             expired = expiry is None or datetime.fromtimestamp(now, UTC) >= expiry
+            record = (holder, str(spec.get("renewTime") or ""),
+                      str((lease.get("metadata") or {}).get("resourceVersion") or ""))  # fmt: skip
+            if record != self._seen:
+                self._seen, self._seen_at = record, self.clock()
+            if holder and holder != self.identity:
+                # Whatever the wall clocks say: not before the holder has stepped down.
+                expired = expired and self.clock() - self._seen_at >= self.renew_deadline_s
             if holder != self.identity and not expired:
                 self._other_expires = expiry.timestamp() if expiry is not None else None
                 self._lost()
@@ -165,6 +184,7 @@ class LeaderElector:
                 )
                 body["spec"]["leaseDurationSeconds"] = 1
                 body["spec"]["renewTime"] = micro_time(self.wall() - 2)
+                body["spec"]["holderIdentity"] = ""  # nobody's: take it now (client-go too)
                 self.client.request("PUT", path, body)
         except KubeError:
             pass

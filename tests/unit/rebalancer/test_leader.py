@@ -64,6 +64,7 @@ def test_a_lost_write_race_is_not_leadership() -> None:
     kube, clock = FakeKube(), FakeClock()
     a, b = electors(kube, clock)
     assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew()  # b stands by, watching the Lease
     clock.advance(20)  # expired: both try; the second write carries a stale resourceVersion
     stale = kube.request("GET", "/apis/coordination.k8s.io/v1/namespaces/gpudaemon/leases/"
                          "gpudaemon-rebalancer")  # fmt: skip
@@ -85,3 +86,31 @@ def test_release_hands_over_at_once() -> None:
     a.release()
     assert not a.leading
     assert b.try_acquire_or_renew()  # no need to wait out the 15 s
+
+
+def test_a_standby_whose_clock_runs_ahead_still_waits_for_the_leader_to_step_down() -> None:
+    """renewTime is the leader's wall clock. A standby whose wall clock is a minute ahead
+    sees the Lease as long expired, but waits the renew deadline (10 s of its own
+    monotonic time) after it last saw the Lease change: by then the leader, which
+    renewed before that, has stopped acting."""
+    kube, clock = FakeKube(), FakeClock()
+    a = LeaderElector(kube, "gpudaemon", "gpudaemon-rebalancer", "rb-a", 15,  # type: ignore[arg-type]
+                      wall=clock, clock=clock)  # fmt: skip
+    b = LeaderElector(kube, "gpudaemon", "gpudaemon-rebalancer", "rb-b", 15,  # type: ignore[arg-type]
+                      wall=lambda: clock() + 60, clock=clock)  # fmt: skip
+    assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew()  # "expired" by b's wall clock, but just seen
+    assert b.retry_in(5.0) == 5.0
+    clock.advance(9)
+    assert not b.try_acquire_or_renew() and a.leading
+    assert b.retry_in(5.0) == pytest.approx(1.05)
+    clock.advance(1.05)  # a did not renew: 10 s after its renewal it stops acting
+    assert not a.leading
+    assert b.try_acquire_or_renew()
+    # A live leader keeps its Lease against that standby: each renewal is a change.
+    c = LeaderElector(kube, "gpudaemon", "gpudaemon-rebalancer", "rb-c", 15,  # type: ignore[arg-type]
+                      wall=lambda: clock() + 60, clock=clock)  # fmt: skip
+    for _ in range(6):
+        assert not c.try_acquire_or_renew()
+        clock.advance(5)
+        assert b.try_acquire_or_renew()

@@ -71,7 +71,8 @@ def pod(name: str, node_name: str = "", gpus: int = 1, owned: bool = True,
 
 
 def rig(apply: bool = False, kube: FakeKube | None = None, clock: FakeClock | None = None,
-        identity: str = "rb-a", **rebalance: Any) -> tuple[Rebalancer, FakeKube, FakeClock]:  # fmt: skip
+        identity: str = "rb-a", lead: bool = True,
+        **rebalance: Any) -> tuple[Rebalancer, FakeKube, FakeClock]:  # fmt: skip
     """A leading rebalancer; pass `kube` and `clock` for another replica of the same
     cluster (or the same one after a restart)."""
     kube, clock = kube or FakeKube(), clock or FakeClock()
@@ -80,7 +81,7 @@ def rig(apply: bool = False, kube: FakeKube | None = None, clock: FakeClock | No
     )
     rb = Rebalancer(cfg, identity, client=kube, registry=CollectorRegistry(),  # type: ignore[arg-type]
                     clock=clock, wall=clock)  # fmt: skip
-    assert rb.elector.try_acquire_or_renew()
+    assert rb.elector.try_acquire_or_renew() == lead
     return rb, kube, clock
 
 
@@ -237,11 +238,13 @@ def test_a_restart_keeps_the_rate_limit_window_and_a_new_leader_the_grace_clock(
     a, kube, clock = rig(apply=True, grace_s=60)
     load(a, clock, [node("n1", sick={0: ["ml/x"]})], [pod("x", "n1")])
     a.run_pass()
+    b, _, _ = rig(apply=True, kube=kube, clock=clock, identity="rb-b", grace_s=60, lead=False)
     clock.advance(30)
     a.run_pass()
     assert a.elector.checkpoint() and kube.evictions == []
+    assert not b.elector.try_acquire_or_renew()  # the standby sees a's last renewal
     clock.advance(16)  # a's 15 s Lease has run out
-    b, _, _ = rig(apply=True, kube=kube, clock=clock, identity="rb-b", grace_s=60)
+    assert b.elector.try_acquire_or_renew()
     load(b, clock, [node("n1", sick={0: ["ml/x"]})], [pod("x", "n1")])
     b.run_pass()
     assert kube.evictions == []  # t0+46
