@@ -143,7 +143,9 @@ class RateLimit:
             if not (isinstance(e, list) and len(e) == 2 and isinstance(e[1], str)
                     and isinstance(e[0], int | float)):  # fmt: skip
                 continue
-            w, n = round(float(e[0]), 3), e[1]
+            # Another replica's wall clock: one running ahead must not hold the window
+            # shut for longer than a minute from now.
+            w, n = round(min(float(e[0]), wall_now), 3), e[1]
             if (w, n) not in have and wall_now - w < 60.0:
                 merged.append((now - (wall_now - w), n))
         self._done = deque(sorted(merged))
@@ -316,8 +318,8 @@ class Rebalancer:
         for key, t in since.items() if isinstance(since, dict) else []:
             node, _, uuid = str(key).partition("/")
             if uuid and isinstance(t, int | float):
-                k = (node, uuid)
-                self._unhealthy_since[k] = min(float(t), self._unhealthy_since.get(k, float(t)))
+                k, t = (node, uuid), min(float(t), self.wall())  # not from the future
+                self._unhealthy_since[k] = min(t, self._unhealthy_since.get(k, t))
         logger.info("rebalancer: carried on from the Lease: {} evictions in the last minute, "
                     "{} unhealthy GPUs' grace clocks", len(self.limits.export(self.wall())),
                     len(self._unhealthy_since))  # fmt: skip

@@ -279,3 +279,16 @@ def test_unreadable_state_on_the_lease_is_ignored() -> None:
         ] = junk
         rb, _, _ = rig(apply=True, kube=kube, clock=clock, grace_s=0)  # a restart reads it
         assert rb.limits.room("n1") == (10, 8) and rb._unhealthy_since == {}
+
+
+def test_state_from_a_clock_running_ahead_holds_for_a_minute_at_most() -> None:
+    _, kube, clock = rig(apply=True, grace_s=0)
+    ahead = clock() + 3600
+    kube.leases["gpudaemon-rebalancer"]["metadata"]["annotations"][
+        "gpudaemon.io/rebalancer-state"
+    ] = json.dumps({"evictions": [[ahead, "n1"]] * 3, "unhealthy_since": {"n1/GPU-n1-0": ahead}})
+    rb, _, _ = rig(apply=True, kube=kube, clock=clock, grace_s=0, max_evictions_per_node=2)
+    assert rb.limits.room("n1")[1] < 0  # counted as just now
+    assert rb._unhealthy_since[("n1", "GPU-n1-0")] <= clock()
+    clock.advance(60)
+    assert rb.limits.room("n1") == (10, 2)
