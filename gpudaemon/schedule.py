@@ -56,21 +56,30 @@ def _dow(field_: str) -> str:
 # as-is to the Helm chart's values schema (Go's RE2 and Python's re read it the same),
 # so `helm install` refuses what the agent would refuse: five crontab fields, or six
 # with seconds first; each field `*` or `*/step` (at most the field's span), values in
-# range, ranges a-b, lists; month and weekday names in lower case. What a pattern cannot
-# say, a range that runs backwards, is `backward_range` (the chart's template makes the
-# same check). tests/property/test_cron_form.py holds the form to what APScheduler runs.
-def _field(value: str, step: str) -> str:
-    item = rf"(?:\*(?:/{step})?|{value}(?:-{value})?)"
+# range, ranges a-b, numeric ranges with a step a-b/n (not weekdays), lists; month and
+# weekday names in lower case. What a pattern cannot say, a range that runs backwards
+# or a step wider than its range, is `backward_range` and `bad_step` (the chart's
+# template makes the same checks). tests/property/test_cron_form.py holds the form to what APScheduler runs.
+def _field(value: str, step: str, number: str | None = None) -> str:
+    """`number`: the numeric values, which may form a stepped range `a-b/n` (APScheduler
+    takes no step after a range of names, and none on weekdays here)."""
+    ranged = rf"|{number}-{number}/{step}" if number else ""
+    item = rf"(?:\*(?:/{step})?{ranged}|{value}(?:-{value})?)"
     return rf"{item}(?:,{item})*"
 
 
-# A step only after `*`, and at most the field's span (APScheduler refuses a larger one).
+# A step after `*`, or after a numeric range, and at most the field's span (APScheduler
+# refuses a larger one; for a range, at most its width: `bad_step`).
 _STEP_59 = r"(?:[1-9]|[1-5][0-9])"
-_SEC = _field(r"[0-5]?[0-9]", _STEP_59)
-_HOUR = _field(r"(?:[01]?[0-9]|2[0-3])", r"(?:[1-9]|1[0-9]|2[0-3])")
-_DOM = _field(r"(?:0?[1-9]|[12][0-9]|3[01])", r"(?:[1-9]|[12][0-9]|30)")
+_SEC = _field(r"[0-5]?[0-9]", _STEP_59, r"[0-5]?[0-9]")
+_HOUR = _field(r"(?:[01]?[0-9]|2[0-3])", r"(?:[1-9]|1[0-9]|2[0-3])", r"(?:[01]?[0-9]|2[0-3])")
+_DOM = _field(
+    r"(?:0?[1-9]|[12][0-9]|3[01])", r"(?:[1-9]|[12][0-9]|30)", r"(?:0?[1-9]|[12][0-9]|3[01])"
+)
 _MONTH = _field(
-    r"(?:0?[1-9]|1[0-2]|jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)", r"(?:[1-9]|1[01])"
+    r"(?:0?[1-9]|1[0-2]|jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)",
+    r"(?:[1-9]|1[01])",
+    r"(?:0?[1-9]|1[0-2])",
 )
 _DOW = _field(r"(?:[0-7]|sun|mon|tue|wed|thu|fri|sat)", r"[1-6]")
 CRON_PATTERN = rf"^\s*(?:{_SEC}\s+)?{_SEC}\s+{_HOUR}\s+{_DOM}\s+{_MONTH}\s+{_DOW}\s*$"
@@ -95,6 +104,15 @@ def backward_range(expr: str) -> str | None:
     return None
 
 
+def bad_step(expr: str) -> str | None:
+    """The first stepped range whose step is wider than the range (`0-10/20`), else
+    None: APScheduler refuses it, and a pattern cannot say it."""
+    for a, b, n in re.findall(r"([0-9]+)-([0-9]+)/([0-9]+)", expr):
+        if int(a) <= int(b) < int(a) + int(n):
+            return f"{a}-{b}/{n}"
+    return None
+
+
 def check_cron_form(expr: str) -> None:
     """CronError, one line, when `expr` is not of the cron form the docs describe."""
     n = len(expr.split())
@@ -107,12 +125,17 @@ def check_cron_form(expr: str) -> None:
         raise CronError(
             f"invalid cron expression {expr!r}: a field is out of range or malformed "
             "(sec 0-59, min 0-59, hour 0-23, day 1-31, month 1-12 or jan-dec, weekday 0-7 "
-            "or sun-sat, names in lower case; each `*` or `*/step`, a value, a range a-b, or a "
-            "list a,b)"
+            "or sun-sat, names in lower case; each `*` or `*/step`, a value, a range a-b or "
+            "a-b/step of numbers (not weekdays), or a list a,b)"
         )
     backwards = backward_range(expr)
     if backwards:
         raise CronError(f"invalid cron expression {expr!r}: the range {backwards} runs backwards")
+    wide = bad_step(expr)
+    if wide:
+        raise CronError(
+            f"invalid cron expression {expr!r}: in {wide} the step is larger than the range"
+        )
 
 
 def parse_cron(expr: str, timezone: tzinfo | str = "UTC") -> CronTrigger:

@@ -44,9 +44,14 @@ def test_weekday_numbers_follow_crontab_sunday_is_zero() -> None:
     assert [t.weekday() for t in fires("0 12 * * sun-tue", 3)] == [6, 0, 1]
 
 
+def test_stepped_ranges_fire_as_crontab_does() -> None:
+    assert [t.minute for t in fires("10-30/10 * * * *", 4)] == [10, 20, 30, 10]
+    assert [t.hour for t in fires("0 8-18/5 * * *", 3)] == [13, 18, 8]
+
+
 @pytest.mark.parametrize(
     "expr",
-    ["", "* * * *", "* * * * * * *", "61 * * * *", "*/0 * * * * *", "a b c d e", "* * 32 * *"],
+    ["0-10/20 * * * *", "5-5/1 * * * *", "0 0 * * 1-5/2", "", "* * * *", "* * * * * * *", "61 * * * *", "*/0 * * * * *", "a b c d e", "* * 32 * *"],
 )
 def test_invalid_expressions_raise_one_line(expr: str) -> None:
     with pytest.raises(CronError) as e:

@@ -1,7 +1,7 @@
 """Bad values are refused by the chart before anything reaches the cluster, the same way
 the agent refuses them (issue 18): the same cron expressions go to `load_config` and to
 `helm template` (the values schema's cron pattern, from gpudaemon/schedule.py, and the
-template's backwards-range check), and both must agree; `helm install` with a bad value
+template's backwards-range and step-width checks), and both must agree; `helm install` with a bad value
 fails, names it, and leaves nothing behind."""
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ BAD = [
     "every minute",
     "",
     "5/15 * * * * *",  # a step needs a range or a star before it
+    "0-10/20 * * * *",  # a step wider than its range (APScheduler refuses it)
+    "5-5/1 * * * *",
+    "0 0 * * 1-5/2",  # no step on weekdays (APScheduler's names take none)
+    "0 0 * jan-dec/2 *",  # nor after names
 ]
 GOOD = [
     "*/5 * * * * *",
@@ -46,6 +50,10 @@ GOOD = [
     "0 0 1 jan-dec sun",
     "0 0,12 1,15 * *",
     "0 0 * * 7",
+    "0-30/5 * * * *",  # stepped ranges of numbers, as crontab has them
+    "0 8-18/2 * * mon-fri",
+    "*/10 0-50/10 * 1-31/7 1-12/3 *",
+    "0-10/10 * * * *",
 ]
 
 

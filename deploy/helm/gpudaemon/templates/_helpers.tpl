@@ -90,6 +90,12 @@ values. */}}
 {{- fail (printf "agent.config.schedules.%s: invalid cron expression %q: the range %s runs backwards" $key (toString $expr) .) -}}
 {{- end -}}
 {{- end -}}
+{{- range regexFindAll "[0-9]+-[0-9]+/[0-9]+" (toString $expr) -1 -}}
+{{- $p := regexSplit "[-/]" . -1 -}}
+{{- if lt (atoi (index $p 1)) (add (atoi (index $p 0)) (atoi (index $p 2))) -}}
+{{- fail (printf "agent.config.schedules.%s: invalid cron expression %q: in %s the step is larger than the range" $key (toString $expr) .) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
