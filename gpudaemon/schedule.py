@@ -59,7 +59,8 @@ def _dow(field_: str) -> str:
 # range, ranges a-b, numeric ranges with a step a-b/n (not weekdays), lists; month and
 # weekday names in lower case. What a pattern cannot say, a range that runs backwards
 # or a step wider than its range, is `backward_range` and `bad_step` (the chart's
-# template makes the same checks). tests/property/test_cron_form.py holds the form to what APScheduler runs.
+# template makes the same checks). tests/property/test_cron_form.py holds the form to
+# what APScheduler runs.
 def _field(value: str, step: str, number: str | None = None) -> str:
     """`number`: the numeric values, which may form a stepped range `a-b/n` (APScheduler
     takes no step after a range of names, and none on weekdays here)."""

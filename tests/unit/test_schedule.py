@@ -51,7 +51,18 @@ def test_stepped_ranges_fire_as_crontab_does() -> None:
 
 @pytest.mark.parametrize(
     "expr",
-    ["0-10/20 * * * *", "5-5/1 * * * *", "0 0 * * 1-5/2", "", "* * * *", "* * * * * * *", "61 * * * *", "*/0 * * * * *", "a b c d e", "* * 32 * *"],
+    [
+        "0-10/20 * * * *",
+        "5-5/1 * * * *",
+        "0 0 * * 1-5/2",
+        "",
+        "* * * *",
+        "* * * * * * *",
+        "61 * * * *",
+        "*/0 * * * * *",
+        "a b c d e",
+        "* * 32 * *",
+    ],
 )
 def test_invalid_expressions_raise_one_line(expr: str) -> None:
     with pytest.raises(CronError) as e:
