@@ -17,6 +17,8 @@ After `--warmup` minutes (each node's one settling write of the annotation comes
   - the extender (`gpudaemon extender`, policy binpack) watching Nodes, Leases and pods:
     its RSS and CPU, and its /filter and /prioritize latency (p50/p99) for a real
     pending pod over every node, asked twice a second;
+  - the rebalancer (`gpudaemon rebalance`, dry run, a pass every 30 s) on the same
+    watches: its RSS, CPU and mean pass time (its own pass-duration histogram);
   - then scheduler throughput: `--pods` one-GPU pods through kube-scheduler without the
     extender, and as many through the one calling the extender (deploy/scheduler), timed
     first to last binding from a watch, both schedulers running all along.
@@ -74,6 +76,18 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def pass_times(port: int) -> tuple[float, float]:
+    """The rebalancer's (seconds spent in passes, passes) so far, from its /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    got = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return (got.get("gpudaemon_rebalancer_pass_duration_seconds_sum", 0.0),
+            got.get("gpudaemon_rebalancer_pass_duration_seconds_count", 0.0))  # fmt: skip
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -218,6 +232,28 @@ def main() -> int:
             stderr=subprocess.STDOUT,
         )
         procs.append(ext)
+        # The rebalancer (dry run) on the same watches: its memory and pass time at size.
+        rb_port = free_port()
+        rb_cfg = cp.dir / "rebalancer.yaml"
+        rb_cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "kubernetes": {"kubeconfig": str(cp.admin_kubeconfig)},
+                    "extender": {"policy": "binpack"},
+                    "rebalance": {"listen": f"127.0.0.1:{rb_port}", "interval_s": 30},
+                    "logging": {"level": "WARNING"},
+                }
+            )
+        )
+        rb_log = open(cp.dir / "rebalancer.log", "wb")  # noqa: SIM115 - the child's
+        rb = subprocess.Popen(
+            [sys.executable, "-m", "gpudaemon", "rebalance", "--config", str(rb_cfg),
+             "--identity", "bench"],
+            cwd=REPO,
+            stdout=rb_log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        procs.append(rb)
         for with_ext in (True, False):
             conf = yaml.safe_load(SCHED_CONFIG.read_text())
             conf["leaderElection"] = {"leaderElect": False}
@@ -303,16 +339,22 @@ def main() -> int:
                 "lease_writes": cp.requests("leases", WRITE_VERBS),
             }
             cpu0, w0 = cpu_s(ext.pid), time.monotonic()
-            rss_max = 0.0
+            rb_cpu0, rb_pass0 = cpu_s(rb.pid), pass_times(rb_port)
+            rss_max = rb_rss_max = 0.0
             lat.thread.start()
             end = w0 + args.minutes * 60
             while time.monotonic() < end:
                 rss_max = max(rss_max, rss_mib(ext.pid))
+                rb_rss_max = max(rb_rss_max, rss_mib(rb.pid))
                 time.sleep(5)
             lat.stop.set()
             lat.thread.join(30)
             window = time.monotonic() - w0
             cpu = (cpu_s(ext.pid) - cpu0) / window * 100
+            rb_cpu = (cpu_s(rb.pid) - rb_cpu0) / window * 100
+            rb_pass = pass_times(rb_port)
+            rb_passes = rb_pass[1] - rb_pass0[1]
+            rb_pass_ms = (rb_pass[0] - rb_pass0[0]) / rb_passes * 1e3 if rb_passes else 0.0
             counts = {
                 "node_reads": cp.requests("nodes", ("GET",)) - counts0["node_reads"],
                 "node_writes": cp.requests("nodes", WRITE_VERBS) - counts0["node_writes"],
@@ -371,6 +413,9 @@ def main() -> int:
                     f"{with_ext / plain:.2f}",
                     f"{setup_s:.0f}",
                     f"{fleet.errors}",
+                    f"{rb_rss_max:.0f}",
+                    f"{rb_cpu:.1f}",
+                    f"{rb_pass_ms:.0f} ({rb_passes:.0f})",
                 )
             )
             print(json.dumps(rows[-1]), file=sys.stderr)
@@ -401,6 +446,9 @@ def main() -> int:
             "ratio",
             "setup s",
             "agent job errors",
+            "rebalancer RSS MiB (max)",
+            "rebalancer CPU % of a core",
+            "rebalancer pass ms, mean (passes)",
         ),
         rows,
         title=(

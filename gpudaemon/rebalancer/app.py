@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from loguru import logger
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from gpudaemon import __version__
 from gpudaemon.config import Config
@@ -87,6 +87,13 @@ class RebalancerMetrics:
         )
         self.passes = Counter(
             "gpudaemon_rebalancer_passes", "Passes run while leading.", registry=registry
+        )
+        self.pass_seconds = Histogram(
+            "gpudaemon_rebalancer_pass_duration_seconds",
+            "Time one pass takes (planning and the API calls it makes); the pass "
+            "interval must stay well above it.",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=registry,
         )
         for kind in ("drain", "defrag"):
             for r in RESULTS:
@@ -341,6 +348,10 @@ class Rebalancer:
     def run_pass(self) -> None:
         """One pass (the leader only): drain, then at most one defragmentation plan."""
         self.metrics.passes.inc()
+        with self.metrics.pass_seconds.time():
+            self._pass()
+
+    def _pass(self) -> None:
         with self._lock:
             nodes = dict(self.nodes)
             gpu_states = {n: list(g) for n, g in self.gpu_states.items()}
