@@ -12,9 +12,8 @@ room for wait. Two measurements:
    baseline is skipped above `--baseline-max` nodes (it grows with the square).
 2. **pass**: `Rebalancer.run_pass()` in dry run (planning, Events to a null API) with
    `--pending` pending pods, of which one can be planned (the others ask for GPU
-   models no node has); and the same when nothing can move (every pod pinned). The
-   bench process's RSS with that fleet in the rebalancer's caches (an upper bound of
-   the rebalancer's own: the bench's imports and garbage are in it).
+   models no node has); and the same when nothing can move (every pod pinned). (The
+   rebalancer process's memory at 5,000 nodes, off a real API server: bench/fleet.)
 
   scripts/bench rebalancer [--nodes 100,1000,5000] [--pending 10] [--baseline-max 1000]
 """
@@ -22,7 +21,6 @@ room for wait. Two measurements:
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import platform
 import time
@@ -225,15 +223,6 @@ def fleet(n: int, pending: int, pinned: bool) -> Rebalancer:
     return rebalancer(nodes, running, waiting)
 
 
-def rss_mib() -> float:
-    """This process's resident memory now (after a collection), in MiB."""
-    gc.collect()
-    for line in open("/proc/self/status").read().splitlines():  # noqa: SIM115
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def timed(fn: Any, reps: int) -> tuple[float, Any]:
     best, out = float("inf"), None
     for _ in range(reps):
@@ -285,11 +274,9 @@ def main() -> int:
 
             s, planned = timed(one_pass, a.reps)
             what = "every pod pinned: nothing can move" if pinned else "one plan (6 evictions)"
-            pass_rows.append([n, a.pending, what, f"{s * 1e3:.1f}", int(planned),
-                              f"{rss_mib():.0f}"])  # fmt: skip
-            del rb
-    print_table(["nodes", "pending pods", "fleet", "pass ms", "planned evictions (total)",
-                 "process RSS MiB"], pass_rows, "2. one dry-run pass")  # fmt: skip
+            pass_rows.append([n, a.pending, what, f"{s * 1e3:.1f}", int(planned)])
+    print_table(["nodes", "pending pods", "fleet", "pass ms", "planned evictions (total)"],
+                pass_rows, "2. one dry-run pass")  # fmt: skip
     return 0
 
 
