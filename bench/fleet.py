@@ -51,7 +51,7 @@ from bench.table import print_table
 from gpudaemon.kube.client import Credentials, KubeClient
 from gpudaemon.kube.lease import renew_period_s
 from tests.integration.kube.controlplane import RBAC, ControlPlane
-from tests.support import REPO, free_port, tools_bin, wait_for
+from tests.support import REPO, free_port, scrape, tools_bin, wait_for
 
 ALLOC = {"nvidia.com/gpu": "8", "cpu": "224", "memory": "2Ti", "pods": "110"}
 LABELS_S = 30.0
@@ -80,14 +80,8 @@ def rss_mib(pid: int) -> float:
 
 def pass_times(port: int) -> tuple[float, float]:
     """The rebalancer's (seconds spent in passes, passes) so far, from its /metrics."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    c.request("GET", "/metrics")
-    text = c.getresponse().read().decode()
-    got = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
-    return (got.get("gpudaemon_rebalancer_pass_duration_seconds_sum", 0.0),
-            got.get("gpudaemon_rebalancer_pass_duration_seconds_count", 0.0))  # fmt: skip
+    url, name = f"http://127.0.0.1:{port}/metrics", "gpudaemon_rebalancer_pass_duration_seconds"
+    return scrape(url, name + "_sum"), scrape(url, name + "_count")
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -29,12 +29,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from bench.extender import lease_obj, node_obj, pod_obj
 from bench.table import print_table
 from gpudaemon.config import Config
 from gpudaemon.extender.policies.base import Policy
 from gpudaemon.extender.scoring import check_node
 from gpudaemon.extender.state import NodeState
-from gpudaemon.kube.lease import micro_time
 from gpudaemon.rebalancer.app import Rebalancer
 from gpudaemon.rebalancer.planner import (
     NodeFacts,
@@ -45,6 +45,7 @@ from gpudaemon.rebalancer.planner import (
     defragment,
     may_land,
 )
+from tests.unit.rebalancer.fake_kube import FakeKube  # the API calls of a dry-run pass
 
 P = "gpudaemon.io/"
 OWNER = [{"kind": "ReplicaSet", "name": "rs", "controller": True, "uid": "rs"}]
@@ -117,81 +118,44 @@ def exhaustive(
     return best
 
 
-class NullKube:
-    """The API calls of a dry-run pass: the Lease (kept), Events (dropped)."""
-
-    def __init__(self) -> None:
-        self.lease: dict[str, Any] | None = None
-
-    def request(self, method: str, path: str, body: Any = None, **kw: Any) -> dict[str, Any]:
-        if "/leases" in path:
-            if method == "GET":
-                if self.lease is None:
-                    from gpudaemon.errors import KubeNotFoundError
-
-                    raise KubeNotFoundError("not found", 404)
-                return json.loads(json.dumps(self.lease))
-            self.lease = body
-            return dict(body)
-        return {}
-
-
 def node(i: int, gpus: int = 8, product: str = "NVIDIA-H100-80GB-HBM3") -> dict[str, Any]:
+    """bench/extender's Node, with `gpus` GPUs of `product`, all healthy."""
     entries = [{"index": g, "uuid": f"GPU-{i}-{g}", "memory_total_mib": 81559}
                for g in range(gpus)]  # fmt: skip
-    return {
-        "metadata": {
-            "name": f"n{i:05d}", "uid": f"uid-n{i}",
-            "labels": {P + "gpu.count": str(gpus), P + "gpu.healthy": str(gpus),
-                       P + "gpu.product": product},
-            "annotations": {P + "gpus": json.dumps(entries)},
-        },
-        "status": {"allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "64",
-                                   "memory": "512Gi"}},
-    }  # fmt: skip
+    labels = {P + "gpu.count": str(gpus), P + "gpu.healthy": str(gpus), P + "gpu.product": product}
+    obj = node_obj(f"n{i:05d}", labels, {P + "gpus": json.dumps(entries)})
+    alloc = {**obj["status"]["allocatable"], "nvidia.com/gpu": str(gpus)}
+    obj["status"].update(capacity=alloc, allocatable=alloc)
+    return obj
 
 
 def pod(name: str, node_name: str, gpus: int, opt_in: bool, model: str = "") -> dict[str, Any]:
-    meta: dict[str, Any] = {"uid": f"uid-{name}", "name": name, "namespace": "ml",
-                            "ownerReferences": OWNER}  # fmt: skip
+    """bench/extender's pod, owned by a ReplicaSet, opted in or not, pinned to a GPU
+    model or not; without a node, pending and marked unschedulable by the scheduler."""
+    obj = pod_obj(name, gpus, node_name)
+    obj["metadata"]["ownerReferences"] = OWNER
     if opt_in:
-        meta["annotations"] = {P + "rebalance": "true"}
-    spec: dict[str, Any] = {
-        "nodeName": node_name, "schedulerName": "gpudaemon-scheduler",
-        "containers": [{"name": "c", "resources": {
-            "requests": {"nvidia.com/gpu": str(gpus), "cpu": "1", "memory": "4Gi"}}}],
-    }  # fmt: skip
+        obj["metadata"]["annotations"] = {P + "rebalance": "true"}
     if model:
-        spec["nodeSelector"] = {P + "gpu.product": model}
-    status: dict[str, Any] = {"phase": "Running" if node_name else "Pending"}
+        obj["spec"]["nodeSelector"] = {P + "gpu.product": model}
     if not node_name:
-        status["conditions"] = [{"type": "PodScheduled", "status": "False",
-                                 "reason": "Unschedulable",
-                                 "lastTransitionTime": "2026-11-25T00:00:00Z"}]  # fmt: skip
-    return {"metadata": meta, "spec": spec, "status": status}
-
-
-def lease(name: str, uid: str, now: float) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "namespace": "gpudaemon",
-                     "ownerReferences": [{"kind": "Node", "name": name, "uid": uid}]},
-        "spec": {"holderIdentity": name, "leaseDurationSeconds": 300,
-                 "renewTime": micro_time(now)},
-    }  # fmt: skip
+        obj["status"] = {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "lastTransitionTime": "2026-11-25T00:00:00Z"}]}  # fmt: skip
+    return obj
 
 
 def rebalancer(nodes: list[dict[str, Any]], running: list[dict[str, Any]],
                waiting: list[dict[str, Any]], policy: str = "binpack") -> Rebalancer:  # fmt: skip
     """A leading, synced dry-run rebalancer whose caches hold these objects."""
-    now = time.time()
     cfg = Config.model_validate(
         {"node_name": "bench", "rebalance": {"dry_run": True}, "extender": {"policy": policy}}
     )
-    rb = Rebalancer(cfg, "bench", client=NullKube(), registry=CollectorRegistry())  # type: ignore[arg-type]
+    rb = Rebalancer(cfg, "bench", client=FakeKube(), registry=CollectorRegistry())  # type: ignore[arg-type]
     rb._nodes_replace(nodes)
     rb._pods_replace(running)
     rb._pending_replace(waiting)
-    rb.cluster.replace_leases([lease(o["metadata"]["name"], o["metadata"]["uid"], now)
+    rb.cluster.replace_leases([lease_obj(o["metadata"]["name"], o["metadata"]["uid"])
                                for o in nodes])  # fmt: skip
     assert rb.elector.try_acquire_or_renew()
     return rb
