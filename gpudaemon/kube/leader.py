@@ -31,6 +31,7 @@ from loguru import logger
 from gpudaemon.errors import KubeConflictError, KubeError, KubeNotFoundError
 from gpudaemon.kube.client import KubeClient
 from gpudaemon.kube.lease import lease_expiry, lease_path, micro_time
+from gpudaemon.logsetup import LogLimiter
 
 
 class LeaderElector:
@@ -51,6 +52,7 @@ class LeaderElector:
         self.client, self.namespace, self.name = client, namespace, name
         self.state_key, self._save, self._load = state_key, save, load
         self.wrote = False  # the last attempt wrote the Lease as its holder
+        self._errors = LogLimiter(60.0, clock)
         self.identity, self.duration_s = identity, duration_s
         self.wall, self.clock = wall, clock
         self._renewed_at: float | None = None  # monotonic start of our last renewal
@@ -118,7 +120,8 @@ class LeaderElector:
             self._lost()  # someone else wrote first: they lead
             return False
         except KubeError as e:
-            logger.warning("rebalancer: leader election: {}", e)
+            if self._errors.allow(str(e)):  # the same failure once a minute, not per try
+                logger.warning("rebalancer: leader election: {}", e)
             return self.leading  # keep leading until our own lease runs out
 
     def checkpoint(self) -> bool:
