@@ -22,15 +22,21 @@ from gpudaemon.extender.metrics import ExtenderMetrics
 from gpudaemon.extender.pods import PendingPods, PodVerifier, priority_of
 from gpudaemon.extender.podspec import POLICY_ANNOTATION, pod_gang, pod_policy, pod_shape
 from gpudaemon.extender.policies.base import Policy, UnknownPolicyError
-from gpudaemon.extender.scoring import MAX_SCORE, Rejection, ScoreMemo, best_nodes, check_node, rank
+from gpudaemon.extender.scoring import (
+    MAX_SCORE,
+    Gang,
+    GangScore,
+    Rejection,
+    ScoreMemo,
+    best_nodes,
+    check_node,
+    gang_scores,
+    rank,
+)
 from gpudaemon.extender.state import NodeState, PodShape
 from gpudaemon.httpserver import Readiness
 
 MIG_POLICY = "migpack"  # pods of MIG devices alone, unless their annotation says otherwise
-# A gang pod's raw score bonus on nodes holding its gang, and on nodes of their product.
-GANG_SAME_NODE = 1e9
-GANG_WHOLE_FITS = 1e6  # a node with room for all of the gang still to place
-GANG_SAME_PRODUCT = 1e3
 
 
 class BadPod(ValueError):
@@ -128,17 +134,18 @@ class Framework:
         return real.uid, real.shape, real.gang
 
     def _with_gang(
-        self, raw: dict[str, float], real: tuple[str, PodShape, str], states: Mapping[str, Any]
-    ) -> dict[str, float]:
-        """A gang's pods go together, on as few nodes as fit: a node already holding
-        some of the gang first; else a node with room for all of the gang still to
-        place (this pod and its pending siblings not yet placed), so the gang starts
-        where it can finish; nodes of the GPU product the gang already has before
-        others. Each tier is ordered by the policy (the bonuses exceed any policy's
-        spread of raw scores), so bin-packing picks the fullest node that fits."""
-        uid, shape, gang = real
-        if not gang or not raw:
+        self,
+        raw: dict[str, float],
+        real: tuple[str, PodShape, str] | None,
+        states: Mapping[str, NodeState | None],
+    ) -> Mapping[str, float] | Mapping[str, GangScore]:
+        """A gang pod's scores (scoring.gang_scores: its gang's tiers, then the
+        policy's raw score); any other pod's raw scores, unchanged. Gathers what the
+        tiers read: the nodes holding the gang, and the GPUs of the gang still to place
+        (this pod and its pending siblings not yet placed)."""
+        if real is None or not real[2] or not raw:
             return raw
+        uid, shape, gang = real
         held = self.cluster.gang_nodes(gang)
         remaining = shape.gpus
         if self.pending is not None:
@@ -147,18 +154,8 @@ class Framework:
                 for p in self.pending.gang_members(gang)
                 if p.uid != uid and not self.cluster.is_assumed(p.uid)
             )
-        products = {st.gpu_model for n in held if (st := states.get(n)) is not None}
-        out = {}
-        for n, v in raw.items():
-            st = states.get(n)
-            if n in held:
-                v += GANG_SAME_NODE
-            elif st is not None and remaining > shape.gpus and st.gpus_free >= remaining:
-                v += GANG_WHOLE_FITS
-            if st is not None and st.gpu_model in products:
-                v += GANG_SAME_PRODUCT
-            out[n] = v
-        return out
+        products = frozenset(st.gpu_model for n in held if (st := states.get(n)) is not None)
+        return gang_scores(raw, states, Gang(held, products, remaining, shape.gpus))
 
     def _require_ready(self) -> None:
         ready, why = self.ready()
@@ -213,11 +210,9 @@ class Framework:
                 # nowhere, and here some node fits; listing them would cost the
                 # scheduler a map of every node to decode per pod.
                 raw = self._scores.scores(policy, shape, passed, states)
-                if real is not None:
-                    raw = self._with_gang(raw, real, states)
                 if raw:  # none scorable (our CPU/memory view says no node fits, the
                     # scheduler's says some do): leave the choice to the scheduler
-                    keep = best_nodes(raw, self.candidates)
+                    keep = best_nodes(self._with_gang(raw, real, states), self.candidates)
                     if len(keep) < self.candidates:  # fill up with the unscored ones
                         keep += [n for n in passed if n not in raw][: self.candidates - len(keep)]
                     removed["outranked"] += len(passed) - len(keep)
@@ -255,13 +250,13 @@ class Framework:
         real = self._real_pod(pod, shape)
         with self._lock:
             states = self.cluster.snapshot(names).states
-            raw = self._scores.scores(policy, shape, names, states)
-            if real is not None:
-                raw = self._with_gang(raw, real, states)
-            top, level = rank(raw)
+            ranked = self._with_gang(
+                self._scores.scores(policy, shape, names, states), real, states
+            )
+            top, level = rank(ranked)
             if top is not None and real is not None:
                 self._reserve(real[0], top, real[1], real[2])
-        get = raw.get
+        get = ranked.get
         return [
             (n, MAX_SCORE if n == top else level.get(get(n), 0))  # type: ignore[arg-type]
             for n in names

@@ -1,18 +1,35 @@
-"""Filtering and score levels: pure functions of node states and the pod, and the
-memo that lets a request reuse the raw scores of nodes that did not change."""
+"""Filtering, gang tiers and score levels: pure functions of node states and the pod,
+and the memo that lets a request reuse the raw scores of nodes that did not change."""
 
 from __future__ import annotations
 
 import heapq
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 from gpudaemon.extender.policies.base import Policy
 from gpudaemon.extender.state import NodeState, PodShape
 
 MAX_SCORE = 10  # the extender API's MaxExtenderPriority
+
+# A gang pod's score: its gang tiers (same node as the gang, the whole rest of the gang
+# fits, same GPU product), compared first and in that order, then the policy's raw
+# score. A preference that must win is an ordered comparison, not a bigger number: no
+# constant added to a raw score exceeds every policy's spread (migpack's is 1,000 per
+# whole free GPU, fragmentation's grows with the workload).
+GangScore = tuple[bool, bool, bool, float]
+
+
+class _Ordered(Protocol):
+    def __lt__(self, other: Any, /) -> bool: ...
+
+
+# What the ranking functions order: a policy's raw score (float) or a gang pod's
+# GangScore, one kind per mapping; higher is better.
+Score = TypeVar("Score", bound=_Ordered)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,20 +78,20 @@ def check_node(
     return None
 
 
-def best(raw: Mapping[str, float]) -> str | None:
-    """The pick: the highest raw score, ties broken by node name, so the extender
-    and every replica of it agree on one node."""
+def best(raw: Mapping[str, Score]) -> str | None:
+    """The pick: the highest score, ties broken by node name, so the extender and
+    every replica of it agree on one node."""
     if not raw:
         return None
     top = max(raw.values())
     return min(n for n, v in raw.items() if v == top)
 
 
-def best_nodes(raw: Mapping[str, float], k: int) -> list[str]:
+def best_nodes(raw: Mapping[str, Score], k: int) -> list[str]:
     """The `k` best nodes, best first, in `best`'s order (ties by node name).
 
     Grouped by value first: a request has few distinct raw scores and many nodes."""
-    groups: dict[float, list[str]] = {}
+    groups: dict[Score, list[str]] = {}
     for n, v in raw.items():
         groups.setdefault(v, []).append(n)
     out: list[str] = []
@@ -85,7 +102,7 @@ def best_nodes(raw: Mapping[str, float], k: int) -> list[str]:
     return out
 
 
-def to_levels(raw: Mapping[str, float]) -> dict[str, int]:
+def to_levels(raw: Mapping[str, Score]) -> dict[str, int]:
     """Map raw scores onto 0..10 by rank, not linearly, with the pick alone on top.
 
     Tiers: the pick (`best`), then the nodes that tie with it, then each lower distinct
@@ -103,7 +120,7 @@ def to_levels(raw: Mapping[str, float]) -> dict[str, int]:
     return levels
 
 
-def rank(raw: Mapping[str, float]) -> tuple[str | None, dict[float, int]]:
+def rank(raw: Mapping[str, Score]) -> tuple[str | None, dict[Score, int]]:
     """(`best`, the level of each raw value that earns one): the pieces of `to_levels`,
     for the request path to apply in the one pass that writes its answer. The pick
     gets MAX_SCORE whatever its value's level says."""
@@ -116,6 +133,42 @@ def rank(raw: Mapping[str, float]) -> tuple[str | None, dict[float, int]]:
     # Only the top eleven distinct values can get a level above 0.
     distinct = heapq.nlargest(MAX_SCORE + 1, set(values))
     return top, {v: MAX_SCORE - i - gap for i, v in enumerate(distinct) if i + gap < MAX_SCORE}
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    """What a gang pod's ranking knows of its gang, gathered by the framework."""
+
+    held: Collection[str]  # nodes holding some of the gang (bound or assumed)
+    products: frozenset[str]  # the GPU products of those nodes
+    gpus_to_place: int  # GPUs of the gang still to place, this pod's included
+    pod_gpus: int  # this pod's
+
+
+def gang_scores(
+    raw: Mapping[str, float], states: Mapping[str, NodeState | None], gang: Gang
+) -> dict[str, GangScore]:
+    """A gang pod's scores: (same node as the gang, the whole rest of the gang fits,
+    same GPU product, the policy's raw score), ordered as tuples.
+
+    A node already holding some of the gang comes first; else one with room for all of
+    the gang still to place (only when pods of it remain besides this one), so the gang
+    starts where it can finish; within each, nodes of the product the gang already has
+    before others. The policy's raw score only orders nodes within a tier, so
+    bin-packing picks the fullest node of the best tier, whatever its spread."""
+    held, products = gang.held, gang.products
+    need = gang.gpus_to_place if gang.gpus_to_place > gang.pod_gpus else None
+    out: dict[str, GangScore] = {}
+    for name, v in raw.items():  # every node of every gang pod's request: kept lean
+        st = states.get(name)
+        if st is None:
+            out[name] = (name in held, False, False, v)
+        elif name in held:
+            out[name] = (True, False, st.gpu_model in products, v)
+        else:
+            whole = need is not None and st.gpus_free >= need
+            out[name] = (False, whole, st.gpu_model in products, v)
+    return out
 
 
 class ScoreMemo:
