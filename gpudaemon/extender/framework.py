@@ -154,7 +154,12 @@ class Framework:
                 for p in self.pending.gang_members(gang)
                 if p.uid != uid and not self.cluster.is_assumed(p.uid)
             )
-        products = frozenset(st.gpu_model for n in held if (st := states.get(n)) is not None)
+        # A node the gang filled is often not in the request (the scheduler's filter
+        # dropped it), yet its product is the gang's: read it from the cache.
+        outside = self.cluster.states([n for n in held if n not in states]) if held else {}
+        products = frozenset(
+            st.gpu_model for n in held if (st := states.get(n) or outside.get(n)) is not None
+        )
         return gang_scores(raw, states, Gang(held, products, remaining, shape.gpus))
 
     def _require_ready(self) -> None:
