@@ -7,7 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpudaemon.extender.policies import BinPack, Spread
-from gpudaemon.extender.scoring import ScoreMemo, best, best_nodes, check_node, to_levels
+from gpudaemon.extender.scoring import (
+    GangScore,
+    ScoreMemo,
+    best,
+    best_nodes,
+    check_node,
+    to_levels,
+)
 from gpudaemon.extender.state import NodeState, PodShape
 
 
@@ -144,6 +151,25 @@ def test_best_nodes_are_the_k_first_in_best_order(raw: dict[str, float], k: int)
     assert best_nodes(raw, k) == expected
     if raw:
         assert best_nodes(raw, k)[0] == best(raw)
+
+
+gang_raws = st.dictionaries(
+    st.sampled_from([f"n{i:02d}" for i in range(40)]),
+    st.tuples(st.booleans(), st.booleans(), st.booleans(), st.sampled_from([-3000.0, -1.0, 0.5])),
+)
+
+
+@given(gang_raws, st.integers(1, 50))
+def test_gang_scores_rank_by_the_same_rule_compared_as_tuples(
+    raw: dict[str, GangScore], k: int
+) -> None:
+    """Levels and the filter's narrowing order a gang pod's (tier..., raw) tuples
+    element by element, by the rule raw scores follow: the same answers as for floats
+    in the tuples' order."""
+    position = {v: float(i) for i, v in enumerate(sorted(set(raw.values())))}
+    as_floats = {n: position[v] for n, v in raw.items()}
+    assert to_levels(raw) == _reference_levels(as_floats)
+    assert best_nodes(raw, k) == sorted(raw, key=lambda n: (-as_floats[n], n))[:k]
 
 
 class CountingPolicy:
