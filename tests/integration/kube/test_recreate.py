@@ -145,8 +145,8 @@ def test_recreated_node_is_relabelled_within_seconds_with_no_steady_node_reads(
                 and lease_owner(cp, node) == second_uid
             )
 
-        wait_for(relabelled, timeout=10, interval=0.2, what="labels, annotation, condition "
-                 "and Lease on the re-created Node within 10 s")  # fmt: skip
+        what = "labels, annotation, condition and Lease on the re-created Node"
+        wait_for(relabelled, timeout=10, interval=0.2, what=what)
         assert time.monotonic() - t0 <= 10
         assert cp.node(node)["metadata"]["labels"]["team"] == "ml"  # theirs untouched
     finally:
