@@ -228,9 +228,9 @@ class NodeLabelSink:
         with self._lock:
             self._view = node
             if node is None:
-                if self._applied is not None:
-                    self._applied = None  # the labels are on no Node now
-                    self.health.forget()
+                # Gone: the next heartbeat stops vouching and hands it to kube-retry.
+                # Not at once: a Node deleted and created again within a second (the
+                # usual replacement) is then relabelled with no failed attempt.
                 return
             rv = resource_version(node)
             if rv is not None and self._known_rv is not None and rv < self._known_rv:

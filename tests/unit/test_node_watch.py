@@ -55,6 +55,8 @@ def test_a_node_back_after_a_long_absence_skips_the_backoff_it_built_up() -> Non
     sink, fake, clock = watched_sink()
     fake.missing = True
     sink.observe(None)  # DELETED
+    clock.t += 120
+    assert sink.heartbeat() is False  # not vouched for; kube-retry takes over
     for second in range(1, 601):  # ten minutes of 404s: the backoff reaches its 60 s cap
         clock.t += 1
         try:
