@@ -46,6 +46,11 @@ class LabelSink(Protocol):
         for fresh data)."""
         ...
 
+    def start(self) -> None:
+        """Background work of its own, for a long run (the API server writer: the
+        watch of its own Node); not for `--once`."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -280,6 +285,7 @@ class Agent:
         self.run_job("energy")
         self.reconcile_labels()
         self.refresh_pods()
+        self.label_sink.start()
         for job in self.jobs.values():
             self.scheduler.add(job.name, functools.partial(self.run_job, job.name), job.cron)
         self.scheduler.start()

@@ -86,6 +86,8 @@ class NodeHealthWriter:
         self.clock = clock
         # What the Node holds, as far as we know: (condition, tainted); None: unknown.
         self._written: tuple[Condition | None, bool] | None = None
+        # The Node's version after our last write: the Node watch ignores older views.
+        self.last_write: Mapping[str, Any] | None = None
 
     def forget(self) -> None:
         """The Node may differ from what we wrote (error, re-created Node): read it
@@ -135,7 +137,8 @@ class NodeHealthWriter:
         }
         if transition:
             entry["lastTransitionTime"] = now
-        self.client.patch_node(self.node, {"status": {"conditions": [entry]}}, status=True)
+        out = self.client.patch_node(self.node, {"status": {"conditions": [entry]}}, status=True)
+        self.last_write = out if isinstance(out, Mapping) else None
 
     def _write_taint(self, tainted: bool) -> None:
         node = self.client.get_node(self.node)  # current, for the resourceVersion guard
@@ -151,4 +154,5 @@ class NodeHealthWriter:
             {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
             {"op": "add", "path": "/spec/taints", "value": taints},
         ]
-        self.client.json_patch_node(self.node, ops)
+        out = self.client.json_patch_node(self.node, ops)
+        self.last_write = out if isinstance(out, Mapping) else None

@@ -19,6 +19,7 @@ from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import FIELD_MANAGER, Credentials, KubeClient
 from gpudaemon.kube.lease import LeaseRenewer, micro_time, renew_cron
 from gpudaemon.kube.nodehealth import NodeHealthWriter
+from gpudaemon.kube.nodewatch import NodeWatch, resource_version
 from gpudaemon.labels import Labels, LabelSet
 from gpudaemon.labels.sanitize import DEFAULT_PREFIX
 from gpudaemon.logsetup import LogLimiter
@@ -70,10 +71,12 @@ class NodeLabelSink:
     the `kube-retry` job retries as soon as the backoff expires, so labels converge
     within one backoff cap of the API server's recovery.
 
-    A Node deleted and re-created under the same name has a new UID: every reconcile
-    reads the Node's UID from the API server's cache, and a new one means "not
+    A Node deleted and re-created under the same name has a new UID, which means "not
     written by us": the labels are applied again and the Lease re-owned at once. The
-    Lease is renewed only for the UID the labels were last written to.
+    Node watch (`start`, kube/nodewatch.py) sees it within a second, as it sees our
+    labels, annotation or condition removed; without a live watch the heartbeat's read
+    of the Node notices it, within one renewal period. The Lease is renewed only for
+    the UID the labels were last written to.
     """
 
     name = "apiserver"
@@ -142,6 +145,16 @@ class NodeLabelSink:
         self._lease_ok_at = -float("inf")
         self._lease_backoff = Backoff(1.0, k.backoff_max_seconds, rng)
         self._lease_retry_at = -float("inf")
+        # The Node watch (started by `start`): its last view of the Node (None: gone),
+        # and the newest resourceVersion we wrote or read, so a view from before our
+        # own write is not taken for someone else's edit.
+        self.watch: NodeWatch | None = None
+        self._view: Mapping[str, Any] | None = None
+        self._known_rv: int | None = None
+        # Repairs of edits made under us, spaced out: a controller that keeps removing
+        # our labels is not answered with a write per removal.
+        self._drift_backoff = Backoff(1.0, k.backoff_max_seconds, rng)
+        self._drift_at = -float("inf")
 
     @property
     def client(self) -> KubeClient:
@@ -195,8 +208,72 @@ class NodeLabelSink:
             Job("lease", renew_cron(self.lease.duration_s), self.heartbeat),
         ]
 
+    def start(self) -> None:
+        """Start the watch of our own Node (the agent's long-running mode only)."""
+        if self.watch is None:
+            self.watch = NodeWatch(self.client, self.node, self.observe)
+            self.watch.start()
+
     def close(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
         self.client.close()
+
+    # -- the Node watch ----------------------------------------------------------------
+
+    def observe(self, node: Mapping[str, Any] | None) -> None:
+        """Every view of our Node from the watch (None: it is gone). A new UID, or our
+        labels, annotation or condition changed under us, is due for kube-retry at once
+        (within a second) instead of at the next Lease renewal."""
+        with self._lock:
+            self._view = node
+            if node is None:
+                # Gone: the next heartbeat stops vouching and hands it to kube-retry.
+                # Not at once: a Node deleted and created again within a second (the
+                # usual replacement) is then relabelled with no failed attempt.
+                return
+            rv = resource_version(node)
+            if rv is not None and self._known_rv is not None and rv < self._known_rv:
+                return  # older than our own last write or read: nothing new
+            self._note(node)
+            if not self._same_node(node):
+                # Replaced (or back after a deletion): write at once, whatever backoff
+                # the missing Node had built up.
+                self._applied = None
+                self.backoff.reset()
+                self._retry_at = self._lease_retry_at = -float("inf")
+                self._lease_backoff.reset()
+                return
+            if self._desired is None or self._applied != self._desired:
+                return  # a write is pending anyway
+            if not in_sync(node, self._desired):
+                logger.info("node {}: labels changed under us; writing them again", self.node)
+                self._applied = None
+                self._repair_soon()
+                return
+            self._verified_at = self.clock()
+            self.health.seen(node)  # a condition removed under us: pending, rewritten
+            if self.health.pending(self._unhealthy, self._gpus):
+                self._repair_soon()
+
+    def _repair_soon(self) -> None:
+        """Due at once the first time; repeated repairs within a resync period back off."""
+        now = self.clock()
+        repeated = now - self._drift_at <= self.resync_s
+        if not repeated:
+            self._drift_backoff.reset()
+        delay = self._drift_backoff.next_delay()
+        self._drift_at = now
+        self._retry_at = max(self._retry_at, now + (delay if repeated else 0.0))
+
+    def _note(self, obj: Any) -> None:
+        """Remember the newest resourceVersion we have written or read."""
+        rv = resource_version(obj) if isinstance(obj, Mapping) else None
+        if rv is not None and (self._known_rv is None or rv > self._known_rv):
+            self._known_rv = rv
+
+    def _watch_live(self) -> bool:
+        return self.watch is not None and self.watch.live
 
     # -- reconcile ---------------------------------------------------------------------
 
@@ -218,6 +295,7 @@ class NodeLabelSink:
                 # First write, after an error, or a periodic resync: read, and write
                 # only if the Node drifted (a restarted agent does not rewrite it).
                 node = self.client.get_node(self.node)
+                self._note(node)
                 self._same_node(node)
                 self._node_uid = _uid(node)
                 self.health.seen(node)
@@ -236,6 +314,7 @@ class NodeLabelSink:
                     self._written(desired, now, "unchanged")
                     return False
             result = self.client.apply_node(self.node, desired["labels"], desired["annotations"])
+            self._note(result)
             self._same_node(result)  # a change written to a re-created Node: say so
             self._node_uid = _uid(result) or self._node_uid
         except KubeError as e:
@@ -270,7 +349,9 @@ class NodeLabelSink:
         if now < self._retry_at:
             return False
         try:
-            return self.health.sync(self._unhealthy, self._gpus)
+            wrote = self.health.sync(self._unhealthy, self._gpus)
+            self._note(self.health.last_write)
+            return wrote
         except KubeError as e:
             self.health.forget()
             delay = self.backoff.next_delay()
@@ -332,7 +413,8 @@ class NodeLabelSink:
         server's cache) must be the one the labels went to; a new one is re-labelled
         by the next `kube-retry` (within a second), which re-owns the Lease. This read
         also stands in for the label reconcile's: a re-created Node or labels edited
-        under us are noticed here, within one renewal period."""
+        under us are noticed here, within one renewal period. While the Node watch is
+        live its last view is used instead, and the heartbeat reads nothing."""
         with self._lock:
             return self._heartbeat()
 
@@ -340,16 +422,29 @@ class NodeLabelSink:
         current = self._applied is not None and self._applied == self._desired
         if not current or self._node_uid is None or not self.fresh():
             return False
-        try:
-            node = self.client.get_node(self.node, cached=True)
-        except KubeNotFoundError:
-            # The Node is gone: a labels matter (one line from kube-retry's reconcile,
-            # which re-labels the Node when it comes back and re-owns the Lease then).
-            self._applied = None
-            return False
-        except KubeError as e:
-            self._owe_lease()
-            self._lease_failed(type(e)(f"node {self.node}: lease not renewed: {e}", e.status))
+        if self._watch_live():
+            # The watch has told us of every change since its list: its view is as
+            # good as a read, and costs none.
+            if self._view is None:
+                self._applied = None  # gone: kube-retry's reconcile says so, once
+                return False
+            node: Mapping[str, Any] = self._view
+            rv = resource_version(node)
+            if rv is not None and self._known_rv is not None and rv < self._known_rv:
+                self._verified_at = self.clock()  # our own write is newer than the view
+                return self._renew()
+        else:
+            try:
+                node = self.client.get_node(self.node, cached=True)
+            except KubeNotFoundError:
+                # The Node is gone (one line from kube-retry's reconcile, which
+                # re-labels the Node when it comes back and re-owns the Lease then).
+                self._applied = None
+                return False
+            except KubeError as e:
+                self._owe_lease()
+                self._lease_failed(type(e)(f"node {self.node}: lease not renewed: {e}", e.status))
+            self._note(node)
         if not self._same_node(node):
             self._applied = None  # kube-retry writes the labels again
             return False
@@ -380,7 +475,7 @@ class NodeLabelSink:
         if not in_place:
             return
         try:
-            self.client.apply_node(self.node, desired["labels"], desired["annotations"])
+            self._note(self.client.apply_node(self.node, desired["labels"], desired["annotations"]))
         except KubeError:
             self._applied = None
             return

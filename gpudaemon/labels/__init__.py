@@ -11,6 +11,7 @@ from gpudaemon.labels.health import HealthLabeler
 from gpudaemon.labels.inventory import InventoryLabeler
 from gpudaemon.labels.mig import MigLabeler
 from gpudaemon.labels.sanitize import DEFAULT_PREFIX, Labels, sanitize_value
+from gpudaemon.labels.sharing import SharingLabeler
 from gpudaemon.model import PodMap, Snapshot
 
 
@@ -42,7 +43,8 @@ class NodeLabeler:
         self.labelers: tuple[Labeler, ...] = (
             InventoryLabeler(),
             DriverLabeler(),
-            MigLabeler(mig_strategy),  # after the inventory's: single rewrites gpu.*
+            SharingLabeler(),
+            MigLabeler(mig_strategy),  # after these: single rewrites gpu.*
             HealthLabeler(),
         )
         self.annotator = GpuStateAnnotator(prefix, q)

@@ -41,6 +41,9 @@ class LocalOutput:
     def set_freshness(self, fresh: Callable[[], bool]) -> None:
         pass
 
+    def start(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

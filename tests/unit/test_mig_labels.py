@@ -48,7 +48,10 @@ def test_mixed_a100_80gb_is_what_gfd_writes() -> None:
         N + "mig.capable": "true",
         N + "mig.enabled": "true",
         N + "mig.strategy": "mixed",
+        N + "mig-1g.10gb.product": "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb",
         N + "mig-1g.10gb.count": "7",
+        N + "mig-1g.10gb.replicas": "1",
+        N + "mig-1g.10gb.sharing-strategy": "none",
         N + "mig-1g.10gb.memory": "9728",
         N + "mig-1g.10gb.multiprocessors": "14",
         N + "mig-1g.10gb.slices.gi": "1",
@@ -58,7 +61,10 @@ def test_mixed_a100_80gb_is_what_gfd_writes() -> None:
         N + "mig-1g.10gb.engines.encoder": "0",
         N + "mig-1g.10gb.engines.jpeg": "0",
         N + "mig-1g.10gb.engines.ofa": "0",
+        N + "mig-3g.40gb.product": "NVIDIA-A100-SXM4-80GB-MIG-3g.40gb",
         N + "mig-3g.40gb.count": "2",
+        N + "mig-3g.40gb.replicas": "1",
+        N + "mig-3g.40gb.sharing-strategy": "none",
         N + "mig-3g.40gb.memory": "40192",
         N + "mig-3g.40gb.multiprocessors": "42",
         N + "mig-3g.40gb.slices.gi": "3",
@@ -74,7 +80,10 @@ def test_mixed_a100_80gb_is_what_gfd_writes() -> None:
 def test_mixed_h100_is_what_gfd_writes_and_keeps_the_whole_gpu_labels() -> None:
     ls = labels(H100_MIXED, "mixed")
     assert {k: v for k, v in mig_keys(ls).items() if ".1g.10gb." in k or "mig-1g" in k} == {
+        N + "mig-1g.10gb.product": "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb",
         N + "mig-1g.10gb.count": "7",
+        N + "mig-1g.10gb.replicas": "1",
+        N + "mig-1g.10gb.sharing-strategy": "none",
         N + "mig-1g.10gb.memory": "9984",
         N + "mig-1g.10gb.multiprocessors": "16",
         N + "mig-1g.10gb.slices.gi": "1",

@@ -5,6 +5,7 @@ missing Node is one log line when it goes and one when labels are written again.
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -90,3 +91,66 @@ def test_recreated_node_gets_labels_and_lease_owner_back(
     ), text
     assert text.count("labels written after") == 1, text
     assert text.count("the Node was re-created") == 2, text
+
+
+def condition(n: dict[str, Any]) -> dict[str, Any] | None:
+    for c in (n.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "GPUHealthy":
+            return dict(c)
+    return None
+
+
+def test_recreated_node_is_relabelled_within_seconds_with_no_steady_node_reads(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """Issue 28 item 8, at the default cadence (labels every 30 s; the Lease lasts 360 s
+    and is renewed every 2 min, so without the Node watch nothing notices the new Node
+    for up to 2 min): the agent's watch of its own Node brings labels, annotation,
+    condition and Lease owner back within 10 s, while a steady minute costs no Node
+    read (kube-apiserver's own count of GET and LIST on nodes, whoever asked)."""
+    cp = control_plane
+    node = f"gpu-{uuid.uuid4().hex[:8]}"
+    first_uid = cp.create_node(node, {"team": "ml"})["metadata"]["uid"]
+    port = free_port()
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        f"node_name: {node}\nsimulate: dgx-h100\n"
+        f"metrics: {{listen: '127.0.0.1:{port}'}}\n"
+        "labels: {to: apiserver}\n"
+        f"kubernetes: {{kubeconfig: '{cp.agent_kubeconfig}'}}\n"
+    )
+    log = tmp_path / "agent.log"
+    proc = start_agent(["run", "--config", str(config)], log=log)
+    try:
+        wait_for(lambda: labelled(cp, node), timeout=60, what="labels on the first Node")
+        wait_for(lambda: lease_owner(cp, node) == first_uid, timeout=60, what="Lease owned")
+        time.sleep(3)  # the start-up writes and their reads are done
+
+        reads0 = cp.requests("nodes", ("GET", "LIST"))
+        time.sleep(60)
+        reads = cp.requests("nodes", ("GET", "LIST")) - reads0
+        assert reads / 1.0 <= 0.5, f"{reads} Node reads in a steady node-minute"
+
+        cp.admin.request("DELETE", f"/api/v1/nodes/{node}")
+        second_uid = cp.create_node(node, {"team": "ml"})["metadata"]["uid"]
+        t0 = time.monotonic()
+
+        def relabelled() -> bool:
+            n = cp.node(node)
+            ann = n["metadata"].get("annotations") or {}
+            return bool(
+                labelled(cp, node)
+                and P + "gpus" in ann
+                and (condition(n) or {}).get("status") == "True"
+                and lease_owner(cp, node) == second_uid
+            )
+
+        what = "labels, annotation, condition and Lease on the re-created Node"
+        wait_for(relabelled, timeout=10, interval=0.2, what=what)
+        assert time.monotonic() - t0 <= 10
+        assert cp.node(node)["metadata"]["labels"]["team"] == "ml"  # theirs untouched
+    finally:
+        assert stop(proc) == 0
+    text = log.read_text()
+    assert "Traceback" not in text
+    assert text.count("the Node was re-created") == 1, text
