@@ -1,14 +1,17 @@
-"""The one HTTP server behind the agent (:9445) and the extender (:9446).
+"""The one HTTP server behind the agent (:9445), the extender (:9446, :9448) and the
+rebalancer (:9447), plain or mutual TLS.
 
 waitress, chosen by measurement (bench/http, docs/benchmarks.md): one event-loop thread
 owns every socket, so an idle keep-alive connection costs a file descriptor and no thread,
-and a fixed pool of `threads` runs the WSGI app. The stdlib servers hold a thread per
-connection (unbounded, or a bounded pool that idle connections can starve). Tuned here:
-listen backlog 1024 (Python's default is 5), idle connections closed after
-`idle_timeout_s`, request bodies over `max_body_bytes` refused with 413 before they are
-read, poll() instead of select() so that more than 1,024 sockets work, and request bodies
-(up to the limit) and answers (up to 16 MiB) kept in memory: waitress would otherwise
-spill anything over 512 KiB / 1 MiB to a temp file.
+and a fixed pool of `threads` runs the WSGI app. TLS runs in memory on that same loop
+(ssl.MemoryBIO), so a handshake never blocks anyone. Tuned here: listen backlog 1024,
+a read time-out per request and an idle time-out between requests, shedding the stalest
+connection at the connection limit, request bodies over `max_body_bytes` refused with
+413 before they are read and bodies at once capped by a budget (503), poll() instead of
+select() so that more than 1,024 sockets work, and request bodies (up to the limit) and
+answers (up to 16 MiB) kept in memory: waitress would otherwise spill anything over
+512 KiB / 1 MiB to a temp file. Why each limit: docs/security.md, *Slow and large
+clients*.
 """
 
 from __future__ import annotations
