@@ -325,14 +325,30 @@ class ExtenderConfig(_Section):
     # 1 is HAMi's style: the pick alone, no /prioritize call, in-tree scores have no say.
     # More: the scheduler's own preferences choose among that many of the best nodes.
     candidates: Annotated[WholeNumber, Field(ge=0, le=100_000)] = 10
-    # Requests larger than this are refused with 413 (5,000 Node objects are ~20 MiB
-    # without nodeCacheCapable; with it, 5,000 names are ~100 KiB).
-    max_body_bytes: Annotated[WholeNumber, Field(ge=1024, le=1 << 30)] = 64 << 20
+    # Requests larger than this are refused with 413, from their Content-Length, before
+    # the body is read. The chart's scheduler sends node names (nodeCacheCapable): 5,000
+    # nodes are 0.06 MiB. Without nodeCacheCapable each Node object is ~12 KiB, so
+    # 32 MiB admits ~2,600 nodes: turn nodeCacheCapable on for more (docs/scheduler.md).
+    max_body_bytes: Annotated[WholeNumber, Field(ge=1024, le=1 << 30)] = 32 << 20
+    # Request-body bytes held at once, across all connections (503 past it). Each body
+    # byte costs up to ~6 bytes of RSS while it is parsed (bench/bodies), so 48 MiB of
+    # bodies peak near 300 MiB above a ~100 MiB baseline: inside the chart's 512 Mi
+    # limit. Raise it only with the memory limit (docs/operations.md).
+    body_budget_bytes: Annotated[WholeNumber, Field(ge=1024, le=1 << 32)] = 48 << 20
+    # A request must arrive whole (TLS handshake, headers, body) within this of its
+    # first byte or of the connection opening: kube-scheduler sends at once; a client
+    # that trickles its headers is closed rather than holding a connection slot.
+    read_timeout_seconds: Annotated[Number, Field(ge=1, le=300)] = 10.0
+    # A connection idle between requests is closed after this. Above the 90 s after
+    # which kube-scheduler's Go client drops its own idle connections, so the server
+    # never closes one under a request the scheduler is sending.
+    idle_timeout_seconds: Annotated[Number, Field(ge=1, le=3600)] = 120.0
     # Worker threads for requests: the scheduler sends one request at a time per
     # scheduler; a few more absorb retries and scrapes.
     threads: Annotated[WholeNumber, Field(ge=1, le=256)] = 8
-    # Open connections at once (more wait in the listen backlog) and request header
-    # bytes (over it: 431): kube-scheduler keeps a few connections with small headers.
+    # Open connections at once and request header bytes (over it: 431): kube-scheduler
+    # keeps a few connections with small headers. At the limit the stalest connection
+    # that is not being served (one that never finished a request first) makes room.
     max_connections: Annotated[WholeNumber, Field(ge=1, le=100_000)] = 256
     max_header_bytes: Annotated[WholeNumber, Field(ge=1024, le=1 << 20)] = 32 << 10
     # Pods remembered for learning the workload's typical shapes (fragmentation policy).
@@ -344,6 +360,15 @@ class ExtenderConfig(_Section):
     pod_lookups_per_second: Annotated[Number, Field(gt=0, le=1000)] = 20.0
     workload_window: Annotated[WholeNumber, Field(ge=1, le=1_000_000)] = 2000
     typical_pods: list[TypicalPod] = []
+
+    @model_validator(mode="after")
+    def _budget_holds_one_body(self) -> ExtenderConfig:
+        if self.body_budget_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"body_budget_bytes ({self.body_budget_bytes}) must be at least"
+                f" max_body_bytes ({self.max_body_bytes}): a body at the cap must fit"
+            )
+        return self
 
 
 class RebalanceConfig(_Section):

@@ -156,6 +156,9 @@ class Extender:
             "name": "extender",
             "threads": ext.threads,
             "max_body_bytes": ext.max_body_bytes,
+            "body_budget_bytes": ext.body_budget_bytes,
+            "read_timeout_s": ext.read_timeout_seconds,
+            "idle_timeout_s": ext.idle_timeout_seconds,
             "max_connections": ext.max_connections,
             "max_header_bytes": ext.max_header_bytes,
         }

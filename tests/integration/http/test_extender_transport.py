@@ -141,6 +141,41 @@ def test_a_stream_of_refused_handshakes_is_one_log_line_a_minute(
     for _ in range(20):
         with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
             get(tls_server.port, client_ctx(pki, None))
-    time.sleep(0.5)  # cheroot reports from its worker thread
+    time.sleep(0.5)  # the refusals are logged from the loop thread
     refused = [m for _, m in lines if "extender:" in m and ("TLS" in m or "SSL" in m)]
     assert len(refused) == 1, refused
+
+
+def test_silent_tcp_connections_delay_no_mutual_tls_caller(
+    tls_server: TlsHttpServer, pki: Pki
+) -> None:
+    """Issue 28: the old server did each handshake on its accept thread, so one silent
+    connection stalled every caller for its 30 s socket time-out."""
+    silent = [socket.create_connection(("127.0.0.1", tls_server.port)) for _ in range(3)]
+    try:
+        time.sleep(0.3)
+        ctx = client_ctx(pki, (pki.client.cert, pki.client.key))
+        for _ in range(3):
+            t0 = time.monotonic()
+            assert get(tls_server.port, ctx)[0] == 200
+            assert time.monotonic() - t0 < 1.0
+    finally:
+        for s in silent:
+            s.close()
+
+
+def test_a_handshake_that_never_comes_is_closed_at_the_read_time_out(pki: Pki) -> None:
+    srv = TlsHttpServer(
+        "127.0.0.1:0", app, TlsFiles(pki.server.cert, pki.server.key, pki.ca),
+        name="extender", read_timeout_s=1,
+    )  # fmt: skip
+    srv.start()
+    try:
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+        s.sendall(b"\x16\x03\x01")  # the start of a ClientHello, then nothing
+        t0 = time.monotonic()
+        assert s.recv(1) == b""
+        assert time.monotonic() - t0 < 4
+        s.close()
+    finally:
+        srv.stop()

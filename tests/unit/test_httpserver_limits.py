@@ -1,0 +1,151 @@
+"""gpudaemon.httpserver's defences against slow and large clients (issue 28), over real
+sockets on 127.0.0.1: the read time-out closes a client that trickles its headers or
+never speaks, while a connection that finished a request keeps its idle time-out; at
+the connection limit a newcomer is let in and the stalest stranger closed; a body over
+the cap is a 413 naming the setting, sent before the body is read; bodies past the
+in-flight budget are a prompt 503 and the budget comes back."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from gpudaemon.errors import UsageError
+from gpudaemon.httpserver import HttpServer
+from tests.unit.test_httpserver import echo, request
+
+
+def closed_by_server(s: socket.socket, within_s: float) -> float:
+    """Seconds until the server closed `s` (recv gives b"" or a reset); fails the test
+    if it is still open after `within_s`."""
+    t0 = time.monotonic()
+    s.settimeout(within_s)
+    try:
+        while s.recv(1024):
+            pass
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        pytest.fail(f"the server kept the connection open for {within_s} s")
+    return time.monotonic() - t0
+
+
+@pytest.fixture
+def quick() -> Iterator[HttpServer]:
+    srv = HttpServer(
+        "127.0.0.1:0", echo, name="test", threads=2, read_timeout_s=1, idle_timeout_s=30,
+        max_body_bytes=1000, max_connections=4,
+    )  # fmt: skip
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def test_a_client_that_trickles_its_headers_is_closed_at_the_read_time_out(
+    quick: HttpServer,
+) -> None:
+    """Each byte arrives well inside any per-read time-out; the request as a whole does
+    not arrive in time, so the connection goes."""
+    s = socket.create_connection(("127.0.0.1", quick.port), timeout=5)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        for b in b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"y" * 200:
+            if stop.wait(0.2):
+                return
+            try:
+                s.send(bytes([b]))
+            except OSError:
+                return
+
+    t = threading.Thread(target=trickle)
+    t.start()
+    try:
+        assert closed_by_server(s, within_s=5) < 4
+    finally:
+        stop.set()
+        t.join()
+        s.close()
+
+
+def test_a_silent_connection_is_closed_but_a_served_one_keeps_its_idle_time(
+    quick: HttpServer,
+) -> None:
+    silent = socket.create_connection(("127.0.0.1", quick.port))
+    kept = http.client.HTTPConnection("127.0.0.1", quick.port, timeout=10)
+    kept.request("GET", "/once")
+    assert kept.getresponse().read() == b"/once"
+    assert closed_by_server(silent, within_s=5) < 4
+    time.sleep(1.5)  # past the read time-out: the served connection is idle, not slow
+    kept.request("GET", "/again")
+    assert kept.getresponse().read() == b"/again"
+    kept.close()
+    silent.close()
+
+
+def test_at_the_connection_limit_a_newcomer_is_served_and_the_oldest_stranger_goes() -> None:
+    srv = HttpServer("127.0.0.1:0", echo, name="test", threads=2, max_connections=4)
+    srv.start()
+    try:
+        silent = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(4)]
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        assert request(srv.port, path="/in") == (200, b"/in")
+        assert time.monotonic() - t0 < 1.0  # not after a read time-out (10 s)
+        assert closed_by_server(silent[0], within_s=2) < 2  # the oldest made room
+        assert srv.shed >= 1
+        for s in silent:
+            s.close()
+    finally:
+        srv.stop()
+
+
+def test_413_names_the_cap_and_comes_before_the_body(quick: HttpServer) -> None:
+    with socket.create_connection(("127.0.0.1", quick.port), timeout=5) as s:
+        s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n")
+        answer = b""
+        while chunk := s.recv(1000):  # the server answers and closes: no body is awaited
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413 ")
+    assert b"the body (5000 bytes) is over test.max_body_bytes (1000)" in answer
+
+
+def test_bodies_past_the_budget_are_a_prompt_503_and_the_budget_comes_back() -> None:
+    srv = HttpServer("127.0.0.1:0", echo, name="test", max_body_bytes=1000, body_budget_bytes=1500)
+    srv.start()
+    try:
+        # One body of 1,000 bytes announced and half sent: its bytes are held.
+        holder = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+        holder.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"a" * 500)
+        time.sleep(0.3)
+        assert srv.budget.held == 1000
+        t0 = time.monotonic()
+        status, body = request(srv.port, "POST", "/", b"b" * 600)
+        assert status == 503 and b"test.body_budget_bytes (1500)" in body
+        assert time.monotonic() - t0 < 1.0
+        assert request(srv.port, "POST", "/", b"c" * 400) == (200, b"c" * 400)  # fits beside
+        holder.sendall(b"a" * 500)
+        assert holder.recv(1000).startswith(b"HTTP/1.1 200 ")
+        holder.close()
+        assert request(srv.port, "POST", "/", b"d" * 1000) == (200, b"d" * 1000)
+        assert srv.budget.held == 0
+        # A client that drops mid-body gives its share back too.
+        cut = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+        cut.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nxx")
+        time.sleep(0.3)
+        assert srv.budget.held == 1000
+        cut.close()
+        time.sleep(0.3)
+        assert srv.budget.held == 0
+    finally:
+        srv.stop()
+
+
+def test_a_budget_below_the_cap_is_one_line() -> None:
+    with pytest.raises(UsageError, match="body_budget_bytes >= max_body_bytes"):
+        HttpServer("127.0.0.1:0", echo, name="x", max_body_bytes=1000, body_budget_bytes=10)
