@@ -70,6 +70,17 @@ def test_once_puts_the_briefs_labels_and_a_parseable_annotation(
         "cuda.driver.rev": "15",
         "cuda.runtime.major": "12",  # the CUDA version, as GFD means it
         "cuda.runtime.minor": "4",
+        # GFD's newer spellings of the same versions (internal/lm/nvml.go)
+        "cuda.driver-version.full": "550.54.15",
+        "cuda.driver-version.major": "550",
+        "cuda.driver-version.minor": "54",
+        "cuda.driver-version.revision": "15",
+        "cuda.runtime-version.full": "12.4",
+        "cuda.runtime-version.major": "12",
+        "cuda.runtime-version.minor": "4",
+        "gpu.replicas": "1",  # no sharing: GFD's resource labeler
+        "gpu.sharing-strategy": "none",
+        "mps.capable": "false",
         "gpu.healthy": "8",
         "gpu.unhealthy": "0",  # always present (issue 17)
         "mig.capable": "true",  # an H100 can be partitioned
