@@ -13,9 +13,13 @@
    last binding is measured from a watch, with the CPU time each process spent per pod.
    `--rounds` pairs, the order alternating. Then 4,500 more nodes: the extender
    process's RSS at 5,000.
+4. reservations (issue 28): /filter at 5,000 nodes with 20,000 pending pods of the
+   scheduler in the pending cache (verified, as the real extender does), with and
+   without the rebalancer's Lease holding live reservations, the requests of both
+   interleaved in one run; p99 side by side and their ratio (target: within 2x).
 
   scripts/bench extender [--quick] [--requests 300] [--pods 1000] [--rounds 3]
-                 [--candidates N] [--no-cluster | --cluster-only]
+                 [--candidates N] [--no-cluster | --cluster-only | --reservations-only]
 """
 
 from __future__ import annotations
@@ -47,7 +51,9 @@ from gpudaemon.config import load_config
 from gpudaemon.extender.api import ExtenderApi
 from gpudaemon.extender.app import make_policies
 from gpudaemon.extender.cluster import ClusterState
+from gpudaemon.extender.pods import PendingPods, PodVerifier
 from gpudaemon.extender.policies.fragmentation import Fragmentation
+from gpudaemon.extender.reservations import LeaseReservations, Reservation, encode
 from gpudaemon.extender.state import PodShape
 from gpudaemon.httpserver import HttpServer
 from gpudaemon.kube.lease import micro_time
@@ -544,6 +550,112 @@ def bench_cluster(pods: int, extra_nodes: int, rounds: int, ext_config: dict[str
         cp.stop()
 
 
+# -- 4. reservations ----------------------------------------------------------------------
+
+
+def rebalancer_lease(items: list[Reservation]) -> dict[str, Any]:
+    """The rebalancer's leader Lease, held, with its reservations (as it writes them)."""
+    lease = lease_obj("gpudaemon-rebalancer")
+    lease["spec"]["leaseDurationSeconds"] = 3600  # held for the whole run
+    lease["metadata"]["annotations"] = {"gpudaemon.io/reservations": encode(items)}
+    return lease
+
+
+def bench_reservations(
+    n: int, pending_count: int, counts: list[int], requests: int, candidates: int
+) -> None:
+    rng = random.Random(4)
+    cfg = load_config(None, environ={})
+    cluster = filled_cluster(n, rng)
+    names = [f"node-{i:05d}" for i in range(n)]
+    pending = PendingPods(cluster.product_label)
+    pods = []
+    for k in range(pending_count):
+        p = pod_obj(f"pending-{k:05d}", rng.choice([1, 1, 2, 4, 8]))
+        p["spec"]["priority"] = 10 if k < max(counts) else 0  # the reserved pods outrank
+        p["status"] = {"phase": "Pending"}
+        pods.append(p)
+    pending.replace(pods)
+    assert len(pending) == pending_count
+
+    def no_lookup(ns: str, name: str) -> dict[str, Any]:
+        raise AssertionError("every benched pod is in the pending cache")
+
+    verifier = PodVerifier(pending, no_lookup, "gpudaemon-scheduler")
+    reservations = LeaseReservations()
+    api = ExtenderApi(
+        cluster,
+        make_policies(cfg),
+        "binpack",
+        CollectorRegistry(),
+        lambda: (True, "ok"),
+        candidates=candidates,
+        verifier=verifier,
+        reservations=reservations,
+    )
+    server = HttpServer("127.0.0.1:0", api, name="extender", max_body_bytes=64 << 20)
+    server.start()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    # Each reservation on its own node, spread over the fleet: the most nodes to judge.
+    step = max(1, n // max(counts))
+    rows = []
+    try:
+        for count in counts:
+            live = [
+                Reservation(f"pending-{k:05d}", f"default/pending-{k:05d}", names[(k * step) % n],
+                            8, 10, time.time() + 600)
+                for k in range(count)
+            ]  # fmt: skip
+            with_lease = rebalancer_lease(live)
+            times: dict[bool, list[float]] = {False: [], True: []}
+            kept = 0
+            for k in range(2 * (requests + 20)):
+                on = k % 2 == 1  # interleaved: both see the same machine, same moment
+                if on:
+                    reservations.event("MODIFIED", with_lease)
+                else:
+                    reservations.event("DELETED", with_lease)
+                # A verified pending pod of priority 0 (the reserved ones are 10).
+                uid = f"pending-{max(counts) + rng.randrange(pending_count - max(counts)):05d}"
+                pod = pod_obj(uid, 1)
+                pod["status"] = {"phase": "Pending"}
+                body = orjson.dumps({"Pod": pod, "NodeNames": names})
+                t0 = time.perf_counter()
+                conn.request("POST", "/filter", body, {"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                data = resp.read()
+                dt = time.perf_counter() - t0
+                assert resp.status == 200, data[:200]
+                if k >= 40:
+                    times[on].append(dt * 1000)
+                if on:
+                    kept += data.count(b"kept for pending pod")
+            p99_off, p99_on = pct(times[False], 99), pct(times[True], 99)
+            rows.append(
+                [
+                    f"{n}",
+                    f"{pending_count}",
+                    f"{count}",
+                    f"{pct(times[False], 50):.2f}",
+                    f"{pct(times[True], 50):.2f}",
+                    f"{p99_off:.2f}",
+                    f"{p99_on:.2f}",
+                    f"{p99_on / p99_off:.2f}x",
+                    f"{kept / max(1, len(times[True]) + 20):.0f}",
+                ]
+            )
+    finally:
+        conn.close()
+        server.stop()
+    table(
+        f"reservations: /filter round trip, {requests} requests each way, interleaved"
+        f" (binpack, candidates {candidates}; target: p99 within 2x)",
+        ["nodes", "pending pods", "reservations", "p50 off ms", "p50 on ms", "p99 off ms",
+         "p99 on ms", "p99 ratio", "nodes refused/req"],
+        rows,
+    )  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="100 requests, no 5,000-node cluster")
@@ -555,6 +667,7 @@ def main() -> int:
     )
     ap.add_argument("--no-cluster", action="store_true")
     ap.add_argument("--cluster-only", action="store_true", help="only part 3")
+    ap.add_argument("--reservations-only", action="store_true", help="only part 4")
     args = ap.parse_args()
     logger.remove()
     logger.add(sys.stderr, level="ERROR")
@@ -562,9 +675,17 @@ def main() -> int:
         f"bench/extender  {time.strftime('%Y-%m-%d %H:%M')}  {platform.node()}"
         f" {os.cpu_count()} cpu, Python {platform.python_version()}"
     )
+    cand = load_config(None, environ={}).extender.candidates
+    if args.candidates is not None:
+        cand = args.candidates
+    reqs = 100 if args.quick else args.requests
+    if args.reservations_only:
+        bench_reservations(5000, 20_000, [16, 256], reqs, cand)
+        return 0
     if not args.cluster_only:
         bench_codec()
-        bench_latency([100, 1000, 5000], 100 if args.quick else args.requests)
+        bench_latency([100, 1000, 5000], reqs)
+        bench_reservations(5000, 20_000, [16, 256], reqs, cand)
     if not args.no_cluster:
         ext_config = {} if args.candidates is None else {"candidates": args.candidates}
         bench_cluster(args.pods, 0 if args.quick else 4500, args.rounds, ext_config)

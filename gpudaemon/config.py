@@ -399,8 +399,12 @@ class RebalanceConfig(_Section):
     ] = ""
     # How long the room made for a pending pod is kept for it: the extender turns away
     # other pods of no higher priority from that node (the evicted pods' replacements
-    # first) until the pod is bound, deleted, or this runs out.
-    reserve_s: Annotated[Number, Field(ge=10, le=3600)] = 300.0
+    # first) until the pod is bound, deleted, or this runs out, or the rebalancer loses
+    # its Lease. Capped at 10 minutes: a reservation holds GPUs nobody uses.
+    reserve_s: Annotated[Number, Field(ge=10, le=600)] = 300.0
+    # Reservations live at once (kept on the leader Lease); a plan that would need one
+    # more waits until one is released. Bounds what the rebalancer can hold idle.
+    max_reservations: Annotated[WholeNumber, Field(ge=1, le=256)] = 16
     # Pods of this scheduler are the ones defragmentation makes room for.
     scheduler_name: str = "gpudaemon-scheduler"
 

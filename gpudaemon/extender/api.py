@@ -24,6 +24,7 @@ from gpudaemon.extender.framework import BadPod, Framework, NotReady
 from gpudaemon.extender.metrics import ExtenderMetrics
 from gpudaemon.extender.pods import PodVerifier
 from gpudaemon.extender.policies.base import Policy
+from gpudaemon.extender.reservations import LeaseReservations
 from gpudaemon.extender.state import NodeState, PodShape
 from gpudaemon.httpserver import Readiness, StartResponse, probe_response, text_response
 from gpudaemon.logsetup import LogLimiter
@@ -97,6 +98,7 @@ class ExtenderApi:
         candidates: int = 0,
         observe: Callable[[str, PodShape], None] | None = None,
         verifier: PodVerifier | None = None,
+        reservations: LeaseReservations | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.metrics = ExtenderMetrics(registry)
@@ -110,6 +112,7 @@ class ExtenderApi:
             candidates=candidates,
             observe=observe,
             verifier=verifier,
+            reservations=reservations,
         )
         self.ready = ready
         self.clock = clock

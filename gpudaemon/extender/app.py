@@ -25,6 +25,7 @@ from gpudaemon.extender.informer import ListWatchClient, Reflector
 from gpudaemon.extender.metrics import CacheCollector, NodeCollector
 from gpudaemon.extender.pods import PendingPods, PodVerifier
 from gpudaemon.extender.policies import Policy, build_policies, policy_spec
+from gpudaemon.extender.reservations import LeaseReservations, ReservationCollector
 from gpudaemon.httpserver import (
     HttpServer,
     StartResponse,
@@ -114,6 +115,9 @@ class Extender:
             gang_assume_ttl_s=ext.gang_assume_ttl_seconds,
         )
         self.pending = PendingPods(self.cluster.product_label)
+        # The rebalancer's reservations: read from its Lease, which the Lease watch of
+        # the agents' namespace sees anyway (reservations.py).
+        self.reservations = LeaseReservations()
         cap = cfg.kubernetes.backoff_max_seconds
         c = self.cluster
         pending = pending_selector(ext.scheduler_name)
@@ -124,7 +128,8 @@ class Extender:
                       query={"fieldSelector": POD_SELECTOR}, backoff=Backoff(0.5, cap),
                       clock=clock),
             Reflector(client, "leases", lease_path(cfg.kubernetes.lease_namespace),
-                      c.replace_leases, c.lease_event, backoff=Backoff(0.5, cap), clock=clock),
+                      self._leases_replace, self._lease_event, backoff=Backoff(0.5, cap),
+                      clock=clock),
             Reflector(client, "pending", "/api/v1/pods", self.pending.replace,
                       self._pending_event, query={"fieldSelector": pending},
                       backoff=Backoff(0.5, cap), clock=clock),
@@ -149,7 +154,9 @@ class Extender:
             avoid_unhealthy=ext.avoid_unhealthy_nodes,
             candidates=ext.candidates,
             verifier=self.verifier,
+            reservations=self.reservations,
         )
+        self.registry.register(ReservationCollector(self.reservations))
         self.registry.register(CacheCollector(self.sizes, self.cache_ages))
         self.registry.register(NodeCollector(self.cluster))
         limits: dict[str, Any] = {
@@ -195,6 +202,14 @@ class Extender:
             r.kind: None if r.last_sync_at is None else max(0.0, now - r.last_sync_at)
             for r in self.reflectors
         }
+
+    def _leases_replace(self, items: list[dict[str, Any]]) -> None:
+        self.cluster.replace_leases(items)
+        self.reservations.replace(items)
+
+    def _lease_event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        self.cluster.lease_event(kind, obj)
+        self.reservations.event(kind, obj)
 
     def _pending_event(self, kind: str, obj: Mapping[str, Any]) -> None:
         self.pending.event(kind, obj)

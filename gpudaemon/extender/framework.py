@@ -22,6 +22,7 @@ from gpudaemon.extender.metrics import ExtenderMetrics
 from gpudaemon.extender.pods import PendingPods, PodVerifier, priority_of
 from gpudaemon.extender.podspec import POLICY_ANNOTATION, pod_gang, pod_policy, pod_shape
 from gpudaemon.extender.policies.base import Policy, UnknownPolicyError
+from gpudaemon.extender.reservations import LeaseReservations, Reservation, held_on
 from gpudaemon.extender.scoring import (
     MAX_SCORE,
     Gang,
@@ -72,6 +73,7 @@ class Framework:
         candidates: int = 0,
         observe: Callable[[str, PodShape], None] | None = None,
         verifier: PodVerifier | None = None,
+        reservations: LeaseReservations | None = None,
     ) -> None:
         if default_policy not in policies:
             raise UnknownPolicyError(default_policy)
@@ -88,6 +90,9 @@ class Framework:
         self.verifier = verifier
         # The pending pods, by gang: how much of a gang is still to place.
         self.pending = verifier.pending if verifier is not None else None
+        # The rebalancer's reservations, from its Lease only (reservations.py); honoured
+        # only for pods the pending cache shows unbound, so only with a verifier.
+        self.reservations = reservations if self.pending is not None else None
         self._lock = threading.Lock()
         self._scores = ScoreMemo()  # used under _lock
         for p in self.policies.values():  # what they learn from nodes, off the request path
@@ -191,10 +196,14 @@ class Framework:
         failed: dict[str, str] = {}
         passed: list[str] = []
         removed: Counter[str] = Counter()  # by reason; one metric update per reason
-        keep_room = self.pending is not None and self.pending.has_reservations()
         uid = real[0] if real is not None else _uid(pod)
-        priority = priority_of(pod)
         now = self.cluster.wall()
+        # Node -> the room kept there; empty (one check per node) when there is none.
+        kept = self.reservations.in_force(now) if self.reservations is not None else {}
+        priority = 0
+        if kept:
+            known = self.pending.get(uid) if self.pending is not None and uid else None
+            priority = known.priority if known is not None else priority_of(pod)
         with self._lock:
             snap = self.cluster.snapshot(names)
             states, fresh = snap.states, snap.fresh
@@ -202,8 +211,8 @@ class Framework:
                 why = check_node(
                     states[name], shape, fresh=fresh[name], avoid_unhealthy=self.avoid_unhealthy
                 )
-                if why is None and keep_room and self.pending is not None:
-                    why = _kept(self.pending, states[name], name, shape, uid, priority, now)
+                if why is None and kept and (here := kept.get(name)) and self.pending is not None:
+                    why = _kept(self.pending, here, states[name], shape, uid, priority, now)
                 if why is None:
                     passed.append(name)
                 else:
@@ -288,16 +297,17 @@ def _reason(r: Rejection) -> str:
 
 def _kept(
     pending: PendingPods,
+    here: Sequence[Reservation],
     st: NodeState | None,
-    name: str,
     shape: PodShape,
     uid: str,
     priority: int,
     now: float,
 ) -> Rejection | None:
     """The node's room the rebalancer keeps for another pending pod (it evicted pods
-    to make it), which this pod of no higher priority may not take."""
-    held, holder = pending.reserved_gpus(name, uid, priority, now)
+    to make it, and said so on its Lease), which this pod of no higher priority may
+    not take. `here`: the Lease's reservations on this node."""
+    held, holder = held_on(here, uid, priority, now, pending.get)
     if not held or st is None or shape.gpus <= st.gpus_free_bound - held:
         return None
     return Rejection(

@@ -33,13 +33,6 @@ Obj = Mapping[str, Any]
 REASONS = ("no_uid", "unknown_pod", "bound", "other_scheduler", "rate_limited", "api_error")
 
 
-# Set by `gpudaemon rebalance` on a pending pod it evicts others for: the node it made
-# room on, and until when (Unix seconds). The filter keeps that room for the pod: the
-# evicted pods' replacements, and any pod of no higher priority, go elsewhere.
-RESERVED_NODE_ANNOTATION = "gpudaemon.io/reserved-node"
-RESERVED_UNTIL_ANNOTATION = "gpudaemon.io/reserved-until"
-
-
 @dataclass(frozen=True, slots=True)
 class RealPod:
     uid: str
@@ -48,21 +41,6 @@ class RealPod:
     shape: PodShape
     gang: str = ""  # namespace/podgroup (Coscheduling's label), "" for none
     priority: int = 0
-    reserved_node: str = ""
-    reserved_until: float = 0.0
-
-
-def reservation(obj: Obj) -> tuple[str, float]:
-    """(node, until) of the rebalancer's reservation on a pending pod, ("", 0) if none
-    or malformed."""
-    ann = (obj.get("metadata") or {}).get("annotations") or {}
-    node, until = ann.get(RESERVED_NODE_ANNOTATION), ann.get(RESERVED_UNTIL_ANNOTATION)
-    if not isinstance(node, str) or not DNS1123_SUBDOMAIN.match(node):
-        return "", 0.0
-    try:
-        return node, float(str(until))
-    except ValueError:
-        return "", 0.0
 
 
 def priority_of(obj: Obj) -> int:
@@ -88,7 +66,6 @@ class PendingPods:
             shape = pod_shape(obj, self.product_label)
         except (ValueError, AttributeError, TypeError):
             return None
-        node, until = reservation(obj)
         return RealPod(
             uid,
             str(meta.get("namespace", "")),
@@ -96,8 +73,6 @@ class PendingPods:
             shape,
             pod_gang(obj),
             priority_of(obj),
-            node,
-            until,
         )
 
     def replace(self, items: Iterable[Obj]) -> None:
@@ -134,26 +109,6 @@ class PendingPods:
             members.pop(uid, None)
             if not members:
                 self._gangs.pop(old.gang, None)
-
-    def reserved_gpus(self, node: str, uid: str, priority: int, now: float) -> tuple[int, str]:
-        """GPUs the rebalancer keeps on `node` for pending pods other than `uid` of at
-        least `priority`, and one of them ("ns/name") to name in the reason."""
-        with self._lock:
-            held = [
-                p
-                for p in self._by_uid.values()
-                if p.reserved_node == node
-                and p.uid != uid
-                and p.reserved_until > now
-                and p.priority >= priority
-            ]
-        return sum(p.shape.gpus for p in held), (
-            f"{held[0].namespace}/{held[0].name}" if held else ""
-        )
-
-    def has_reservations(self) -> bool:
-        with self._lock:
-            return any(p.reserved_node for p in self._by_uid.values())
 
     def gang_members(self, gang: str) -> list[RealPod]:
         """The gang's pods that are not bound yet (waiting at Permit included)."""

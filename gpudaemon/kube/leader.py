@@ -16,13 +16,15 @@ renewed before that, has stepped down, whatever the wall clocks say.
 
 The leader can keep a little state in an annotation on the Lease (`save` gives the text
 on every write, `load` gets the text found when it takes the Lease), so whoever leads
-next, a standby or the same pod after a crash, carries on from it.
+next, a standby or the same pod after a crash, carries on from it. `annotations` gives
+more annotations for every write that are not carried on (the rebalancer's
+reservations, which others read only while the Lease is held).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -48,9 +50,11 @@ class LeaderElector:
         state_key: str = "",
         save: Callable[[], str] | None = None,
         load: Callable[[str], None] | None = None,
+        annotations: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         self.client, self.namespace, self.name = client, namespace, name
         self.state_key, self._save, self._load = state_key, save, load
+        self._annotations = annotations  # more of the leader's state, on every write
         self.wrote = False  # the last attempt wrote the Lease as its holder
         self._errors = LogLimiter(60.0, clock)
         self.identity, self.duration_s = identity, duration_s
@@ -135,6 +139,8 @@ class LeaderElector:
         annotations = dict(((old or {}).get("metadata") or {}).get("annotations") or {})
         if self._save is not None and self.state_key:
             annotations[self.state_key] = self._save()
+        if self._annotations is not None:
+            annotations.update(self._annotations())
         if annotations:
             meta["annotations"] = annotations
         spec: dict[str, Any] = {

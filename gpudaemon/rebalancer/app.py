@@ -22,8 +22,16 @@ from gpudaemon.errors import ConfigError, KubeError, KubeNotFoundError
 from gpudaemon.extender.app import POD_SELECTOR, pending_selector
 from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.extender.informer import Reflector
-from gpudaemon.extender.pods import RESERVED_NODE_ANNOTATION, RESERVED_UNTIL_ANNOTATION
 from gpudaemon.extender.policies import build_policies, policy_spec
+from gpudaemon.extender.reservations import (
+    MAX_RESERVE_S,
+    REBALANCER_LEASE,
+    RESERVATIONS_ANNOTATION,
+    RESERVED_NODE_ANNOTATION,
+    RESERVED_UNTIL_ANNOTATION,
+    Reservation,
+    encode,
+)
 from gpudaemon.httpserver import HttpServer, StartResponse, probe_response, text_response
 from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import KubeClient, find_credentials
@@ -41,7 +49,7 @@ from gpudaemon.rebalancer.planner import (
 )
 from gpudaemon.selector import selector_matcher
 
-LEASE_NAME = "gpudaemon-rebalancer"
+LEASE_NAME = REBALANCER_LEASE
 # On the leader Lease: the rate-limit window and when each sick GPU was first seen, so
 # a restarted or new leader neither evicts past the limit nor starts the grace again.
 STATE_ANNOTATION = "gpudaemon.io/rebalancer-state"
@@ -49,7 +57,7 @@ MAX_SAVED_SICK_GPUS = 2000  # keeps the annotation far below the 256 KiB object 
 COMPONENT = "gpudaemon-rebalancer"
 EVENT_REPEAT_S = 600.0  # the same Event for the same pod at most this often
 RESULTS = ("planned", "done", "refused_pdb", "failed")
-SKIPS = ("bare_pod", "stale", "rate_limited", "refused_pdb", "api_error")
+SKIPS = ("bare_pod", "stale", "rate_limited", "refused_pdb", "api_error", "max_reservations")
 
 
 class RebalancerMetrics:
@@ -65,7 +73,8 @@ class RebalancerMetrics:
             "gpudaemon_rebalancer_skipped",
             "Pods or plans left alone, by kind and reason: bare_pod (no controller would "
             "re-create it), stale (agent data too old), rate_limited, refused_pdb (a plan "
-            "one of whose victims a PodDisruptionBudget protects), api_error.",
+            "one of whose victims a PodDisruptionBudget protects), api_error, max_reservations "
+            "(as many rooms kept as rebalance.max_reservations allows).",
             ["kind", "reason"],
             registry=registry,
         )
@@ -201,6 +210,10 @@ class Rebalancer:
         self._unhealthy_since: dict[tuple[str, str], float] = {}  # (node, GPU uuid) -> wall
         self._told: dict[tuple[str, str], float] = {}  # (pod uid, reason) -> last Event
         self._made_room_for: dict[str, float] = {}  # pending UID -> when its plan ran
+        # The room kept for pending pods, by pod UID: written on the Lease (the only
+        # place the extender reads it), dropped when the pod binds or goes, when it
+        # runs out, and when this replica stops leading.
+        self.reservations: dict[str, Reservation] = {}
         self.limits = RateLimit(
             self.rb.max_evictions_per_minute, self.rb.max_evictions_per_node, clock
         )
@@ -208,6 +221,7 @@ class Rebalancer:
             client, cfg.kubernetes.lease_namespace, LEASE_NAME, identity,
             self.rb.lease_duration_s, wall=wall, clock=clock,
             state_key=STATE_ANNOTATION, save=self._save_state, load=self._load_state,
+            annotations=self._lease_annotations,
         )  # fmt: skip
         cap = cfg.kubernetes.backoff_max_seconds
         c = self.cluster
@@ -331,6 +345,19 @@ class Rebalancer:
                     "{} unhealthy GPUs' grace clocks", len(self.limits.export(self.wall())),
                     len(self._unhealthy_since))  # fmt: skip
 
+    def _live_reservations(self) -> list[Reservation]:
+        """Drop the reservations whose pod is bound or gone, or whose time ran out."""
+        now = self.wall()
+        with self._lock:
+            self.reservations = {
+                u: r for u, r in self.reservations.items() if r.until > now and u in self.pending
+            }
+            return sorted(self.reservations.values(), key=lambda r: r.until)
+
+    def _lease_annotations(self) -> dict[str, str]:
+        """Written with every Lease write: the reservations the extender honours."""
+        return {RESERVATIONS_ANNOTATION: encode(self._live_reservations())}
+
     def _commit(self, node: str, count: int) -> bool:
         """Write evictions into the Lease before making them, and make sure we still
         lead: a crash right after them still counts them, and a replica that lost the
@@ -423,10 +450,13 @@ class Rebalancer:
                 self._event(pod, "RebalanceSkipped", msg, warning=True, dedupe=why)
                 return len(plan.victims)
             if not self.rb.dry_run and not self._reserve(pod, plan.node):
-                self.metrics.skipped.labels("defrag", "api_error").inc()
+                self.metrics.skipped.labels("defrag", "max_reservations").inc()
                 return len(plan.victims)
             if not self.rb.dry_run and not self._commit(plan.node, len(plan.victims)):
+                self.reservations.pop(pod.uid, None)
                 return len(plan.victims)  # lost the Lease: the new leader decides
+            if not self.rb.dry_run:
+                self._mirror(pod, plan.node)
             verb = "would make" if self.rb.dry_run else "making"
             where = ", ".join(plan.targets)
             msg = f"{verb} room on {plan.node} by evicting {victims} (each fits now on: {where})"
@@ -449,20 +479,34 @@ class Rebalancer:
                 "metadata": {"name": pod.name, "namespace": pod.namespace}}  # fmt: skip
 
     def _reserve(self, pod: PodFacts, node: str) -> bool:
-        """Mark the pending pod with the node its room is made on, so the extender keeps
-        that room for it (the evicted pods' replacements would otherwise take it back:
-        spreading replicas scores the emptied node best). False: not marked, do not
-        evict."""
-        until = self.wall() + self.rb.reserve_s
-        ann = {RESERVED_NODE_ANNOTATION: node, RESERVED_UNTIL_ANNOTATION: f"{until:.0f}"}
+        """Keep the room made on `node` for the pending pod (the evicted pods'
+        replacements would otherwise take it back: spreading replicas scores the emptied
+        node best). Only in memory here: `_commit` writes it on the Lease before any
+        eviction. False: `max_reservations` are live, do not evict."""
+        live = self._live_reservations()
+        if pod.uid not in self.reservations and len(live) >= self.rb.max_reservations:
+            logger.info("rebalancer: not making room for {}: {} reservations live already",
+                        pod.key, len(live))  # fmt: skip
+            return False
+        until = self.wall() + min(float(self.rb.reserve_s), MAX_RESERVE_S)
+        self.reservations[pod.uid] = Reservation(
+            pod.uid, pod.key, node, pod.shape.gpus, pod.priority, until
+        )
+        return True
+
+    def _mirror(self, pod: PodFacts, node: str) -> None:
+        """The reservation on the pod too, for people (`kubectl describe`); nothing
+        reads it back, and a failure to write it changes nothing."""
+        r = self.reservations.get(pod.uid)
+        if r is None:
+            return
+        ann = {RESERVED_NODE_ANNOTATION: node, RESERVED_UNTIL_ANNOTATION: f"{r.until:.0f}"}
         body = {"metadata": {"annotations": ann}}
         try:
             self.kube.request("PATCH", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
                               body, content_type="application/merge-patch+json")  # fmt: skip
-            return True
         except KubeError as e:
-            logger.warning("rebalancer: reserving {} for {}: {}", node, pod.key, e)
-            return False
+            logger.debug("rebalancer: reservation note on {}: {}", pod.key, e)
 
     def _eviction_refused(self, pod: PodFacts) -> str:
         """The Eviction API's own answer, without evicting (dryRun=All): "" when it would
@@ -589,6 +633,8 @@ class Rebalancer:
         while not self.stop_event.is_set():
             leading = self.elector.try_acquire_or_renew()
             self.metrics.leader.set(1 if leading else 0)
+            if not leading:
+                self.reservations.clear()  # a new leader starts with none
             if leading and self.synced() and self.clock() >= next_pass:
                 try:
                     self.run_pass()
@@ -610,6 +656,7 @@ class Rebalancer:
 
     def close(self) -> None:
         self.stop_event.set()
+        self.reservations.clear()
         self.elector.release()
         self.metrics.leader.set(0)
         self.server.stop()

@@ -15,12 +15,14 @@ disruption controller), live agents publishing which pod holds which GPU, and re
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
 import pytest
 
 from gpudaemon.backends.simulated import FaultSpec, SimulatedBackend
+from gpudaemon.errors import KubeError
 from tests.integration.rebalancer.rig import P, RebalanceRig, metric
 from tests.integration.scheduler.rig import NS
 from tests.support import wait_for
@@ -158,10 +160,38 @@ def big_pod(rig: RebalanceRig, group: str, name: str) -> dict[str, Any]:
     return wait_for(unschedulable, 60, what=f"{name} unschedulable")
 
 
+class LeaseWatch:
+    """Every reservation list the rebalancer's Lease showed, polled every 0.1 s."""
+
+    def __init__(self, rig: RebalanceRig) -> None:
+        self.rig = rig
+        self.seen: list[list[dict[str, Any]]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.1):
+            self.seen.append(self.now())
+
+    def now(self) -> list[dict[str, Any]]:
+        try:
+            lease = self.rig.cp.admin.request("GET", LEASE)
+        except KubeError:
+            return []
+        ann = lease["metadata"].get("annotations") or {}
+        return list(json.loads(ann.get("gpudaemon.io/reservations") or "[]"))
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+
+
 def test_defragment_moves_one_nodes_pods_to_make_room(rig: RebalanceRig) -> None:
     nodes = [f"frag-{i}" for i in range(4)]
     before = fill(rig, "frag", nodes, "small")
-    big_pod(rig, "frag", "big")
+    big = big_pod(rig, "frag", "big")
+    watch = LeaseWatch(rig)
     url = rig.start_rebalancer("apply", apply=True)
 
     def big_bound() -> str | None:
@@ -183,6 +213,16 @@ def test_defragment_moves_one_nodes_pods_to_make_room(rig: RebalanceRig) -> None
     }  # no other node lost a pod
     assert target not in {now[n] for n in set(now) - set(before)}  # the new ones elsewhere
     assert "RebalanceDefragment" in reasons(rig, "big")
+    # The room was kept by a reservation on the rebalancer's own Lease (issue 28), the
+    # only place the extender reads one, and released once the pod bound.
+    wait_for(lambda: watch.now() == [], 30, what="the reservation released")
+    watch.close()
+    kept = [r for seen in watch.seen for r in seen]
+    assert kept and {(r["uid"], r["node"], r["gpus"]) for r in kept} == {
+        (big["metadata"]["uid"], target, 8)
+    }
+    mirror = rig.cp.admin.request("GET", f"/api/v1/namespaces/{NS}/pods/big")["metadata"]
+    assert mirror["annotations"]["gpudaemon.io/reserved-node"] == target  # for people only
     rig.stop_rebalancers()
     rig.delete(f"/apis/apps/v1/namespaces/{NS}/deployments/small")
     rig.delete(f"/api/v1/namespaces/{NS}/pods/big")
