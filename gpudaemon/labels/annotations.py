@@ -191,7 +191,7 @@ COUNT_LABEL_MAX = 4096  # gpu.count and friends: 64 GPUs x 7 MIG devices is 448
 
 # A JSON string, to its closing quote or the end of the text; possessive, so an
 # unterminated one costs one pass, not one per quote after it.
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*+(?:"|\\?\Z)', re.S)
+_STRING = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z)', re.S)
 _BRACKETS = re.compile(r"[^\[\]{}]+")
 
 
