@@ -75,6 +75,19 @@ class SpoolLockedError(SpoolError):
     """Another process holds the spool directory's lock."""
 
 
+class BadValueError(GpudaemonError, ValueError):
+    """A value another program wrote (a Node's annotation or label) that is over its
+    size cap, nested deeper than its schema, or not of its schema. The one error the
+    bounded decoders raise: the reader treats that object as having no data, counts it
+    and logs it once; it never escapes a watch or a list. `key` names the value (the
+    metric label), `reason` says what is wrong in a few words."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
 class KubeError(GpudaemonError):
     """The Kubernetes API server refused or failed a request. `status` is the HTTP
     status when there was one (None: no answer at all)."""

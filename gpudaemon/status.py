@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC
 from typing import Any
 
+from gpudaemon.errors import BadValueError
 from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.extender.metrics import node_gpus
 from gpudaemon.extender.podspec import GPU_RESOURCE
@@ -53,6 +54,9 @@ class NodeRow:
     age_s: float | None  # seconds since the agent's last Lease renewal; None: no Lease
     unhealthy: list[Unhealthy] = field(default_factory=list)
     pool: str = ""
+    # Why the agent's labels or annotation could not be read ("" when they could): the
+    # node then has no data, so it is not fresh (issue 28).
+    bad_data: str = ""
 
 
 @dataclass
@@ -112,6 +116,7 @@ def collect(
                 age_s=None if at is None else round(max(0.0, wall - at), 1),
                 unhealthy=_unhealthy(node, prefix),
                 pool=_pool(labels, pool_label),
+                bad_data=cluster.bad_reason(name),
             )
         )
     return sorted(rows, key=lambda r: r.name)
@@ -151,7 +156,9 @@ def as_table(rows: Sequence[NodeRow]) -> str:
             str(r.free),
             "yes" if r.fresh else "NO",
             "-" if r.age_s is None else _age(r.age_s),
-            ", ".join(f"{u.index}: {u.reason}" for u in r.unhealthy) or "-",
+            (f"agent data unreadable: {r.bad_data}" if r.bad_data else "")
+            or ", ".join(f"{u.index}: {u.reason}" for u in r.unhealthy)
+            or "-",
         )
         for r in rows
     ]
@@ -196,14 +203,17 @@ def _unhealthy(node: Mapping[str, Any], prefix: str) -> list[Unhealthy]:
         return []
     try:
         gpus = decode_gpus(text)
-    except ValueError:
+    except BadValueError:  # the node is shown with `bad_data` instead
         return []
     return [Unhealthy(g.index, g.reason or "unhealthy") for g in gpus if not g.healthy]
 
 
 def _renewed(lease: Mapping[str, Any]) -> float | None:
     t = parse_time((lease.get("spec") or {}).get("renewTime"))
-    return None if t is None else t.astimezone(UTC).timestamp()
+    try:
+        return None if t is None else t.astimezone(UTC).timestamp()
+    except (OverflowError, ValueError):  # year 1 at +14:00: not a time it renewed at
+        return None
 
 
 def _pool(labels: Mapping[str, Any], pool_label: str) -> str:

@@ -22,7 +22,7 @@ from gpudaemon.errors import ConfigError
 from gpudaemon.extender.api import ExtenderApi
 from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.extender.informer import ListWatchClient, Reflector
-from gpudaemon.extender.metrics import CacheCollector, NodeCollector
+from gpudaemon.extender.metrics import BadDataCollector, CacheCollector, NodeCollector
 from gpudaemon.extender.pods import PendingPods, PodVerifier
 from gpudaemon.extender.policies import Policy, build_policies, policy_spec
 from gpudaemon.extender.reservations import LeaseReservations, ReservationCollector
@@ -159,6 +159,9 @@ class Extender:
         self.registry.register(ReservationCollector(self.reservations))
         self.registry.register(CacheCollector(self.sizes, self.cache_ages))
         self.registry.register(NodeCollector(self.cluster))
+        self.registry.register(
+            BadDataCollector("extender", self.cluster.bad_counts, self.handler_errors)
+        )
         limits: dict[str, Any] = {
             "name": "extender",
             "threads": ext.threads,
@@ -195,6 +198,9 @@ class Extender:
             "pending": len(self.pending),
             "unverified_uids": self.verifier.negative_size_now(),
         }
+
+    def handler_errors(self) -> dict[str, int]:
+        return {r.kind: r.handler_errors for r in self.reflectors}
 
     def cache_ages(self) -> dict[str, float | None]:
         now = self.clock()

@@ -26,6 +26,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from loguru import logger
+
+from gpudaemon.errors import BadValueError
 from gpudaemon.extender.podspec import (
     GPU_RESOURCE,
     MIG_RESOURCE_PREFIX,
@@ -35,7 +38,7 @@ from gpudaemon.extender.podspec import (
 )
 from gpudaemon.extender.state import MigCounts, NodeState, PodShape, add_mig
 from gpudaemon.kube.lease import lease_expiry
-from gpudaemon.labels.annotations import decode_gpus
+from gpudaemon.labels.annotations import count_label, decode_gpus
 from gpudaemon.labels.sanitize import DEFAULT_PREFIX
 
 Obj = Mapping[str, Any]
@@ -158,6 +161,11 @@ class ClusterState:
         # Told of every node as it appears or changes (without pod usage) and as it goes:
         # the policies' `observe_node` / `forget_node` hooks, off the request path.
         self._node_listeners: list[NodeListener] = []
+        # node -> why its agent data is unreadable (never fresh while it is listed), and
+        # (key, value) last logged for it, so a value is logged and counted once.
+        self._bad: dict[str, str] = {}
+        self._bad_seen: dict[str, tuple[str, int]] = {}
+        self.bad_values: dict[str, int] = {}  # key -> unreadable values seen
 
     def add_node_listener(self, listener: NodeListener) -> None:
         """Also replays the nodes already known, so the order of wiring does not matter."""
@@ -176,11 +184,14 @@ class ClusterState:
             self._nodes.clear()
             self._node_uids.clear()
             self._states.clear()
+            self._bad.clear()
             for obj in items:
                 self._put_node(obj)
             for name in gone - set(self._nodes):
                 for listener in self._node_listeners:
                     listener.forget_node(name)
+            for name in set(self._bad_seen) - set(self._nodes):
+                self._bad_seen.pop(name, None)
             self._fresh_until = {n: t for n in self._leases if (t := self._vouch(n)) is not None}
 
     def node_event(self, kind: str, obj: Obj) -> None:
@@ -190,6 +201,8 @@ class ClusterState:
                 self._nodes.pop(name, None)
                 self._node_uids.pop(name, None)
                 self._states.pop(name, None)
+                self._bad.pop(name, None)
+                self._bad_seen.pop(name, None)
                 for listener in self._node_listeners:
                     listener.forget_node(name)
             else:
@@ -197,17 +210,49 @@ class ClusterState:
             self._update_fresh(name)
 
     def _put_node(self, obj: Obj) -> None:
-        meta = obj.get("metadata") or {}
-        name = str(meta.get("name", ""))
+        """Never raises: a Node whose agent values (or whose object) cannot be read is
+        kept as a node with no data (`bad_data`), counted and logged once."""
+        try:
+            meta = obj.get("metadata") or {}
+            name = str(meta.get("name", ""))
+        except Exception:  # not an object at all: nothing to key it by
+            self._note_bad("", "node", None, "not a Node object")
+            return
+        try:
+            st = self._read_node(name, meta, obj)
+        except BadValueError as e:
+            st = self._read_node(name, meta, obj, agent=False, bad=str(e))
+            self._note_bad(name, e.key, self._agent_values_id(meta), e.reason)
+        except Exception as e:  # a shape the API server would not store: a bug or a fake
+            st = NodeState(name=name, has_agent_labels=False, bad_data="unreadable Node object")
+            self._note_bad(name, "node", None, f"unreadable Node object ({type(e).__name__})")
+        else:
+            self._note_good(name)
+        self._nodes[name] = st
+        self._node_uids[name] = str(meta.get("uid", ""))
+        self._states.pop(name, None)
+        for listener in self._node_listeners:
+            listener.observe_node(st)
+
+    def _read_node(
+        self, name: str, meta: Obj, obj: Obj, *, agent: bool = True, bad: str = ""
+    ) -> NodeState:
+        """The node's state; BadValueError when an agent-written value is unreadable.
+        With `agent` False (after one was), the Node's own figures alone, as no data."""
         labels = meta.get("labels") or {}
         alloc = (obj.get("status") or {}).get("allocatable") or {}
         p = self.prefix
         has_agent = (p + "gpu.count") in labels
-        count = _int(labels.get(p + "gpu.count"))
-        healthy = _int(labels.get(p + "gpu.healthy"), default=count)
-        # `gpu.unhealthy` counts physical GPUs; under the single MIG strategy `gpu.count`
-        # counts MIG devices, so count - healthy would be wrong there.
-        unhealthy = _int(labels.get(p + "gpu.unhealthy"), default=max(0, count - healthy))
+        count = healthy = unhealthy = 0
+        utilization = None
+        if agent and has_agent:
+            count = count_label(labels[p + "gpu.count"], "gpu.count")
+            healthy = _count(labels, p + "gpu.healthy", count)
+            # `gpu.unhealthy` counts physical GPUs; under the single MIG strategy
+            # `gpu.count` counts MIG devices, so count - healthy would be wrong there.
+            unhealthy = _count(labels, p + "gpu.unhealthy", max(0, count - healthy))
+        if agent:
+            utilization = _mean_utilization((meta.get("annotations") or {}).get(p + "gpus"))
         mig = tuple(
             sorted(
                 (k.removeprefix(MIG_RESOURCE_PREFIX), n)
@@ -217,7 +262,7 @@ class ClusterState:
                 and (n := int(_q(v))) > 0
             )
         )
-        self._nodes[name] = NodeState(
+        return NodeState(
             name=name,
             gpu_model=str(labels.get(self.product_label, "")),
             gpus_allocatable=int(_q(alloc.get(GPU_RESOURCE))),
@@ -225,14 +270,53 @@ class ClusterState:
             mig_allocatable=mig,
             cpu_allocatable_milli=int(_q(alloc.get("cpu")) * 1000),
             memory_allocatable_bytes=int(_q(alloc.get("memory"))),
-            utilization_ratio=_mean_utilization((meta.get("annotations") or {}).get(p + "gpus")),
+            utilization_ratio=utilization,
             has_agent_labels=has_agent,
             gpus_total=count,
+            bad_data=bad,
         )
-        self._node_uids[name] = str(meta.get("uid", ""))
-        self._states.pop(name, None)
-        for listener in self._node_listeners:
-            listener.observe_node(self._nodes[name])
+
+    # -- values a node wrote that could not be read -------------------------------------
+
+    def _agent_values_id(self, meta: Obj) -> int:
+        """One number for the agent's values on the Node, to tell a new bad value from
+        the same one sent again (no repr: that could recurse)."""
+        labels, ann = meta.get("labels") or {}, meta.get("annotations") or {}
+        p = self.prefix
+        values = [labels.get(p + k) for k in _COUNT_LABELS] + [ann.get(p + "gpus")]
+        return hash(tuple(v if isinstance(v, str) else type(v).__name__ for v in values))
+
+    def _note_bad(self, name: str, key: str, value_id: int | None, reason: str) -> None:
+        """The node has no data until it writes a readable value. Logged and counted
+        once per node and value, not per event: a node's Lease renewals and label
+        writes re-send the same bad value every few minutes."""
+        self._bad[name] = f"{key}: {reason}"
+        self._fresh_until.pop(name, None)
+        seen = (key, value_id if value_id is not None else hash(reason))
+        if self._bad_seen.get(name) == seen:
+            return
+        self._bad_seen[name] = seen
+        self.bad_values[key] = self.bad_values.get(key, 0) + 1
+        logger.warning(
+            "node {}: ignoring its {} ({}); the node has no agent data until it writes a"
+            " readable value",
+            name or "(unnamed)", key, reason,
+        )  # fmt: skip
+
+    def _note_good(self, name: str) -> None:
+        self._bad.pop(name, None)
+        if self._bad_seen.pop(name, None) is not None:
+            logger.info("node {}: its agent data is readable again", name)
+
+    def bad_reason(self, name: str) -> str:
+        """Why the node's agent data could not be read; "" when it could."""
+        with self._lock:
+            return self._bad.get(name, "")
+
+    def bad_counts(self) -> dict[str, int]:
+        """Unreadable values seen, by key (once per node and value): for the metric."""
+        with self._lock:
+            return dict(self.bad_values)
 
     # -- pods ---------------------------------------------------------------------
 
@@ -266,7 +350,7 @@ class ClusterState:
             return
         try:
             shape = pod_shape(obj, self.product_label)
-        except ValueError:  # a quantity the API server accepted but we cannot read
+        except (ValueError, AttributeError, TypeError):  # a quantity we cannot read
             return
         gang = pod_gang(obj)
         self._pods[uid] = _Pod(node, shape, gang)
@@ -332,7 +416,7 @@ class ClusterState:
         from a deleted Node of the same name vouches for nothing."""
         expiry, owner = self._leases.get(name, (None, ""))
         uid = self._node_uids.get(name, "")
-        if expiry is None or (owner and uid and owner != uid):
+        if expiry is None or (owner and uid and owner != uid) or name in self._bad:
             return None
         return expiry
 
@@ -471,30 +555,35 @@ class ClusterState:
             }
 
 
+_MAX_QUANTITY = float(2**62)  # beyond any node; keeps `* 1000` and int() finite
+
+
 def _q(v: object) -> float:
+    """An allocatable quantity (kubelet writes them); unreadable or absurd reads as 0."""
     if v is None:
         return 0.0
     try:
-        return quantity(v)
+        q = quantity(v)
     except ValueError:
         return 0.0
+    return q if 0.0 <= q <= _MAX_QUANTITY else 0.0
 
 
-def _int(v: object, default: int = 0) -> int:
-    try:
-        return int(str(v))
-    except (TypeError, ValueError):
-        return default
+_COUNT_LABELS = ("gpu.count", "gpu.healthy", "gpu.unhealthy")
+
+
+def _count(labels: Obj, key: str, default: int) -> int:
+    """An optional count label; absent is `default`, unreadable is BadValueError."""
+    v = labels.get(key)
+    return default if v is None else count_label(v, key.rpartition("/")[2])
 
 
 def _mean_utilization(annotation: object) -> float | None:
     """Mean `utilization_pct` of the agent's `gpus` annotation, as a ratio (read with
-    the annotation's own decoder, next to its encoder)."""
-    if not isinstance(annotation, str):
+    the annotation's own bounded decoder, next to its encoder). Absent: None;
+    unreadable: BadValueError."""
+    if annotation is None:
         return None
-    try:
-        gpus = decode_gpus(annotation)
-    except ValueError:
-        return None
+    gpus = decode_gpus(annotation)
     vals = [g.utilization_pct for g in gpus if g.utilization_pct is not None]
     return sum(vals) / len(vals) / 100.0 if vals else None

@@ -68,6 +68,10 @@ class Reflector:
         self.synced = threading.Event()
         self.last_sync_at: float | None = None  # last list or event, for the cache-age metric
         self.relists = 0
+        # Objects a handler could not take (it raised): counted, logged once each, and
+        # skipped, so one bad object neither fails a list nor ends a watch.
+        self.handler_errors = 0
+        self._logged_bad: set[str] = set()
         self._failing = False
 
     def run(self, stop: threading.Event) -> None:
@@ -95,7 +99,7 @@ class Reflector:
 
     def _list(self) -> str:
         items, rv = self.client.list_items(self.path, self.query)
-        self.on_replace(items)
+        self._replace(items)
         self.last_sync_at = self.clock()
         self.synced.set()
         if self._failing:
@@ -114,7 +118,46 @@ class Reflector:
                     return
                 new_rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
                 if kind != "BOOKMARK":
-                    self.on_event(kind, obj)
+                    self._deliver(kind, obj)
                 rv = new_rv
                 self.last_sync_at = self.clock()
             # The server ended the watch (timeoutSeconds): resume from the last version.
+
+    def _replace(self, items: list[Obj]) -> None:
+        """The list into `on_replace`; if that raises, an empty list and then one
+        ADDED event per object, each on its own, so the objects the handler can take
+        are all there and the cache is synced (a bad object is not retried forever
+        with backoff, leaving the program never ready)."""
+        try:
+            self.on_replace(items)
+            return
+        except Exception as e:
+            logger.warning("{} list: the handler failed ({}: {}); taking the {} objects"
+                           " one by one", self.kind, type(e).__name__, e, len(items))  # fmt: skip
+        self.on_replace([])
+        for obj in items:
+            self._deliver("ADDED", obj)
+
+    def _deliver(self, kind: str, obj: Obj) -> None:
+        try:
+            self.on_event(kind, obj)
+        except Exception as e:
+            self.handler_errors += 1
+            name = _name(obj)
+            if name not in self._logged_bad:
+                if len(self._logged_bad) >= 10_000:  # bounded: a flood of bad objects
+                    self._logged_bad.clear()
+                self._logged_bad.add(name)
+                logger.opt(exception=e).error(
+                    "{} watch: skipped {} (the handler raised {}); logged once per object",
+                    self.kind, name, type(e).__name__)  # fmt: skip
+
+
+def _name(obj: object) -> str:
+    try:
+        meta = obj.get("metadata") or {}  # type: ignore[attr-defined]
+        ns, name = meta.get("namespace"), meta.get("name")
+        name = name[:300] if isinstance(name, str) else f"({type(name).__name__} name)"
+        return f"{ns[:100]}/{name}" if isinstance(ns, str) and ns else name
+    except Exception:
+        return "(an object without metadata)"

@@ -170,7 +170,15 @@ def pod_gang(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or ''}/{group}"
 
 
+MAX_POLICY_NAME = 63  # policy names are short; the annotation may hold 256 KiB
+
+
 def pod_policy(pod: Mapping[str, Any]) -> str | None:
+    """The pod's policy annotation. A tenant writes it, and an unknown name is quoted
+    back for every node in the filter's answer, so a longer value is cut (and so
+    names no policy) rather than echoed 5,000 times."""
     ann = (pod.get("metadata") or {}).get("annotations") or {}
     v = ann.get(POLICY_ANNOTATION)
-    return v if isinstance(v, str) else None
+    if not isinstance(v, str):
+        return None
+    return v if len(v) <= MAX_POLICY_NAME else v[:MAX_POLICY_NAME] + "..."

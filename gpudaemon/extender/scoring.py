@@ -46,8 +46,10 @@ def check_node(
     """None when the node can take the pod; otherwise why not.
 
     Order matters: the first failing rule names the cause an operator should fix first
-    (no agent, then stale agent data, then GPU health, then capacity).
+    (unreadable agent data, no agent, then stale agent data, then GPU health, then capacity).
     """
+    if node is not None and node.bad_data:
+        return Rejection("bad_data", f"gpudaemon agent data unreadable: {node.bad_data}")
     if node is None or not node.has_agent_labels:
         return Rejection("no_agent", "no gpudaemon agent data for this node")
     if not fresh:

@@ -72,6 +72,9 @@ class NodeState:
     # counting it would turn away pods from GPUs that are free. Ranking counts them.
     gpus_assumed: int = 0
     mig_assumed: MigCounts = ()
+    # Why the agent's labels or annotation could not be read ("" when they could): such
+    # a node has no data, is never fresh, and /filter says so (issue 28).
+    bad_data: str = ""
     # Healthy free GPUs. An unhealthy GPU may be one a pod holds or a free one;
     # counting it as free would overcommit a dead device, so it is subtracted.
     gpus_free: int = field(init=False, compare=False)

@@ -52,7 +52,10 @@ def lease_expiry(lease: Mapping[str, Any] | None) -> datetime | None:
     duration = spec.get("leaseDurationSeconds")
     if renewed is None or not isinstance(duration, int) or isinstance(duration, bool):
         return None
-    return renewed + timedelta(seconds=duration)
+    try:  # the node's identity writes its Lease: year 9999 plus a day does not exist
+        return renewed + timedelta(seconds=duration)
+    except OverflowError:
+        return None
 
 
 def lease_is_fresh(lease: Mapping[str, Any] | None, now: datetime) -> bool:

@@ -13,8 +13,12 @@ write per node, after which only real changes move the annotation.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
+import orjson
+
+from gpudaemon.errors import BadValueError
 from gpudaemon.model import MIB, GpuSample, MigDevice, PodMap, Snapshot
 
 ANNOTATION_BUDGET_BYTES = 256 * 1024
@@ -161,45 +165,196 @@ class GpuState:
     pods: tuple[str, ...] = ()
 
 
-def decode_gpus(text: str) -> list[GpuState]:
-    """The annotation's entries; ValueError if it is not a JSON list. Entries that are
-    malformed (written by someone else, or a future format) are skipped, not guessed."""
-    entries = json.loads(text)
-    if not isinstance(entries, list):
-        raise ValueError("the gpus annotation is not a JSON list")
+# -- reading what another program wrote ------------------------------------------------
+#
+# Every node's agent identity may write its own annotations and labels, so a reader (the
+# extender, the rebalancer, `status`) treats them as hostile: a size cap before parsing,
+# a depth cap without recursion, entry caps, and a type and range check for every field
+# it reads. Anything else is one `BadValueError`, and that node has no data.
+
+# What the agent writes for 8 GPUs x 7 MIG devices, each held by a pod whose namespace
+# and name are as long as Kubernetes allows, every GPU unhealthy with a long reason:
+# 28.7 KiB (tests/unit/test_untrusted.py measures it; 20 KiB of it is pod names). 64 KiB
+# is over twice that, and a quarter of the API server's 256 KiB for all annotations.
+GPUS_MAX_BYTES = 64 * 1024
+MAX_GPUS = 64
+MAX_MIG_PER_GPU = 16  # 7 on every MIG-capable GPU so far
+MAX_PODS_PER_GPU = 16
+# The schema nests 4 deep (the list, a GPU, its `mig` list, a MIG device); two spare
+# levels, so a field a newer agent adds does not make every node unreadable to an older
+# extender during a rolling upgrade.
+MAX_DEPTH = 6
+MAX_TEXT = 1024  # a reason, a UUID, a profile
+MAX_POD_REF = 63 + 1 + 253  # namespace/name
+_INT_LIMIT = 2**53  # integers beyond this are not readings
+COUNT_LABEL_MAX = 4096  # gpu.count and friends: 64 GPUs x 7 MIG devices is 448
+
+# A JSON string, to its closing quote or the end of the text; possessive, so an
+# unterminated one costs one pass, not one per quote after it.
+_STRING = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z)', re.S)
+_BRACKETS = re.compile(r"[^\[\]{}]+")
+
+
+def bounded_json(text: object, key: str, max_bytes: int, max_depth: int = MAX_DEPTH) -> object:
+    """`text` parsed as JSON, or `BadValueError`: over `max_bytes`, nested deeper than
+    `max_depth` (found by a scan of its brackets, not by recursion), or not JSON (NaN,
+    Infinity, lone surrogates and numbers that overflow a double are not JSON to orjson).
+    Never any other exception, and bounded time: the caps are checked before parsing."""
+    if not isinstance(text, str):
+        raise BadValueError(key, f"not a string ({type(text).__name__})")
+    if len(text) > max_bytes:
+        raise BadValueError(key, f"over {max_bytes} bytes")
+    try:
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadValueError(key, "not valid UTF-8") from None
+    if len(raw) > max_bytes:
+        raise BadValueError(key, f"over {max_bytes} bytes")
+    if json_depth(text, max_depth) > max_depth:
+        raise BadValueError(key, f"nested deeper than {max_depth}")
+    try:
+        return orjson.loads(raw)
+    except (orjson.JSONDecodeError, RecursionError, MemoryError) as e:
+        raise BadValueError(key, f"not JSON ({str(e)[:80]})") from None
+
+
+def json_depth(text: str, stop_at: int) -> int:
+    """How deep `text`'s brackets nest outside strings, counted up to `stop_at` + 1; a
+    loop over the brackets alone (C regexes drop the rest), so it cannot recurse and
+    costs little on a legitimate value."""
+    depth = deepest = 0
+    for c in _BRACKETS.sub("", _STRING.sub("", text)):
+        if c in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > stop_at:
+                    break
+        else:
+            depth -= 1
+    return deepest
+
+
+def count_label(value: object, key: str, limit: int = COUNT_LABEL_MAX) -> int:
+    """A count label (`gpu.count`, `gpu.healthy`, ...): decimal digits, 0..`limit`."""
+    if not isinstance(value, str) or not value.isascii() or not value.isdigit():
+        raise BadValueError(key, "not a whole number")
+    if len(value) > 6 or int(value) > limit:
+        raise BadValueError(key, f"over {limit}")
+    return int(value)
+
+
+def decode_gpus(text: object, key: str = "gpus") -> list[GpuState]:
+    """The annotation's entries, or `BadValueError` (the only exception it raises) when
+    the value is over a cap or any field the readers use has the wrong type or range: a
+    partly read node could hide the one unhealthy GPU, so it is all or nothing. Fields
+    this version does not know are ignored (a newer agent's)."""
+    doc = bounded_json(text, key, GPUS_MAX_BYTES)
+    if not isinstance(doc, list):
+        raise BadValueError(key, "not a JSON list")
+    if len(doc) > MAX_GPUS:
+        raise BadValueError(key, f"more than {MAX_GPUS} GPUs")
     out = []
-    for e in entries:
-        if not isinstance(e, dict):
-            continue
-        index, total = _opt_int(e.get("index")), _opt_int(e.get("memory_total_mib"))
-        uuid = e.get("uuid")
-        if index is None or total is None or not isinstance(uuid, str):
-            continue
-        out.append(
-            GpuState(
-                index=index,
-                uuid=uuid,
-                memory_total_mib=total,
-                healthy=e.get("healthy") is not False,
-                reason=str(e.get("reason") or ""),
-                memory_used_mib=_opt_int(e.get("memory_used_mib")),
-                utilization_pct=_opt_int(e.get("utilization_pct")),
-                temperature_c=_opt_int(e.get("temperature_c")),
-                processes=_opt_int(e.get("processes")),
-                mig_devices=_opt_int(e.get("mig_devices")),
-                pods=_holders(e),
-            )
-        )
+    indexes: set[int] = set()
+    uuids: set[str] = set()
+    for e in doc:
+        g = _gpu(e, key)
+        if g.index in indexes or g.uuid in uuids:
+            raise BadValueError(key, f"GPU {g.index} listed twice")
+        indexes.add(g.index)
+        uuids.add(g.uuid)
+        out.append(g)
     return out
 
 
-def _holders(e: dict[str, object]) -> tuple[str, ...]:
-    out = [p for p in (e.get("pods") or []) if isinstance(p, str) and p]  # type: ignore[attr-defined]
-    for m in e.get("mig") or []:  # type: ignore[attr-defined]
-        if isinstance(m, dict) and isinstance(m.get("pod"), str) and m["pod"]:
-            out.append(m["pod"])
-    return tuple(dict.fromkeys(out))
+def _gpu(e: object, key: str) -> GpuState:
+    if not isinstance(e, dict):
+        raise BadValueError(key, "a GPU entry is not an object")
+    f = _Fields(e, key)
+    index = f.need("index", 0, 1023)
+    mig = f.array("mig", MAX_MIG_PER_GPU)
+    holders = [p for p in f.strings("pods", MAX_PODS_PER_GPU, MAX_POD_REF) if p]
+    for m in mig:
+        if not isinstance(m, dict):
+            raise BadValueError(key, f"GPU {index}: a MIG entry is not an object")
+        mf = _Fields(m, key)
+        mf.text("uuid", MAX_TEXT)
+        mf.text("profile", MAX_TEXT)
+        mf.integer("gi", 0, 1023)
+        mf.integer("memory_total_mib", 0, _INT_LIMIT)
+        if pod := mf.text("pod", MAX_POD_REF):
+            holders.append(pod)
+    healthy = e.get("healthy", True)
+    if not isinstance(healthy, bool):
+        raise BadValueError(key, f"GPU {index}: healthy is not true or false")
+    return GpuState(
+        index=index,
+        uuid=f.text("uuid", MAX_TEXT, required=True),
+        memory_total_mib=f.need("memory_total_mib", 0, _INT_LIMIT),
+        healthy=healthy,
+        reason=f.text("reason", MAX_TEXT),
+        memory_used_mib=f.integer("memory_used_mib", 0, _INT_LIMIT),
+        utilization_pct=f.integer("utilization_pct", 0, 100),
+        temperature_c=f.integer("temperature_c", -300, 1000),
+        processes=f.integer("processes", 0, _INT_LIMIT),
+        mig_devices=f.integer("mig_devices", 0, MAX_MIG_PER_GPU),
+        pods=tuple(dict.fromkeys(holders)),
+    )
 
 
-def _opt_int(v: object) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+class _Fields:
+    """Typed reads of one JSON object's fields; a wrong type or range is BadValueError
+    naming the field. Absent (or null) optional fields read as None or empty."""
+
+    def __init__(self, obj: dict[str, object], key: str) -> None:
+        self.obj, self.key = obj, key
+
+    def _bad(self, name: str, what: str) -> BadValueError:
+        return BadValueError(self.key, f"field {name!r} {what}")
+
+    def _get(self, name: str, required: bool) -> object:
+        v = self.obj.get(name)
+        if v is None and required:
+            raise self._bad(name, "is missing")
+        return v
+
+    def need(self, name: str, lo: int, hi: int) -> int:
+        v = self.integer(name, lo, hi, required=True)
+        assert v is not None
+        return v
+
+    def integer(self, name: str, lo: int, hi: int, *, required: bool = False) -> int | None:
+        v = self._get(name, required)
+        if v is None:
+            return None
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise self._bad(name, "is not an integer")
+        if not lo <= v <= hi:
+            raise self._bad(name, f"is outside {lo}..{hi}")
+        return v
+
+    def text(self, name: str, limit: int, *, required: bool = False) -> str:
+        v = self._get(name, required)
+        if v is None:
+            return ""
+        if not isinstance(v, str):
+            raise self._bad(name, "is not a string")
+        if len(v) > limit or (required and not v):
+            raise self._bad(name, f"is empty or over {limit} characters")
+        return v
+
+    def array(self, name: str, limit: int) -> list[object]:
+        v = self._get(name, False)
+        if v is None:
+            return []
+        if not isinstance(v, list):
+            raise self._bad(name, "is not a list")
+        if len(v) > limit:
+            raise self._bad(name, f"has more than {limit} entries")
+        return v
+
+    def strings(self, name: str, limit: int, each: int) -> list[str]:
+        out = self.array(name, limit)
+        if not all(isinstance(s, str) and len(s) <= each for s in out):
+            raise self._bad(name, f"holds something other than strings of up to {each}")
+        return out  # type: ignore[return-value]

@@ -18,10 +18,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from gpudaemon import __version__
 from gpudaemon.config import Config
-from gpudaemon.errors import ConfigError, KubeError, KubeNotFoundError
+from gpudaemon.errors import BadValueError, ConfigError, KubeError, KubeNotFoundError
 from gpudaemon.extender.app import POD_SELECTOR, pending_selector
 from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.extender.informer import Reflector
+from gpudaemon.extender.metrics import BadDataCollector
 from gpudaemon.extender.policies import build_policies, policy_spec
 from gpudaemon.extender.reservations import (
     MAX_RESERVE_S,
@@ -236,6 +237,10 @@ class Rebalancer:
                       self._pending_event, backoff=Backoff(0.5, cap),
                       query={"fieldSelector": pending_selector(self.rb.scheduler_name)}),
         ]  # fmt: skip
+        self.registry.register(BadDataCollector(
+            "rebalancer", self.cluster.bad_counts,
+            lambda: {r.kind: r.handler_errors for r in self.reflectors},
+        ))  # fmt: skip
         self.server = HttpServer(self.rb.listen, self._wsgi, name="rebalance", threads=2)
         self.stop_event = threading.Event()
 
@@ -260,15 +265,20 @@ class Rebalancer:
                 self._put_node(obj)
 
     def _put_node(self, obj: Mapping[str, Any]) -> None:
+        """A node whose agent data cannot be read (the cluster state has logged and
+        counted it) gets no facts: nothing is drained from it or moved onto it."""
         meta = obj.get("metadata") or {}
         name = str(meta.get("name", ""))
-        self.nodes[name] = node_facts(obj)
+        self.nodes.pop(name, None)
+        self.gpu_states.pop(name, None)
+        if self.cluster.bad_reason(name):
+            return
         try:
-            self.gpu_states[name] = decode_gpus(
-                (meta.get("annotations") or {}).get(self.gpus_key) or "[]"
-            )
-        except ValueError:
-            self.gpu_states[name] = []
+            gpus = decode_gpus((meta.get("annotations") or {}).get(self.gpus_key) or "[]")
+            facts = node_facts(obj)
+        except (BadValueError, AttributeError, TypeError):
+            return
+        self.nodes[name], self.gpu_states[name] = facts, gpus
 
     def _parse(self, obj: Mapping[str, Any]) -> PodFacts | None:
         return pod_facts(obj, self.product_label, self.selector)

@@ -169,11 +169,16 @@ def test_the_gpus_annotation_decodes_to_what_was_encoded() -> None:
     assert ok.memory_used_mib is not None and ok.temperature_c is not None
 
 
-def test_decoding_skips_foreign_entries_and_refuses_non_lists() -> None:
+def test_decoding_refuses_a_value_with_a_malformed_entry_and_non_lists() -> None:
+    """All or nothing (issue 28): skipping the one bad entry could hide an unhealthy GPU;
+    the hostile cases are in test_untrusted.py."""
     from gpudaemon.labels.annotations import decode_gpus
 
-    text = '[{"index": 0, "uuid": "GPU-a", "memory_total_mib": 10}, {"index": "x"}, 3]'
-    assert [s.uuid for s in decode_gpus(text)] == ["GPU-a"]
+    good = '{"index": 0, "uuid": "GPU-a", "memory_total_mib": 10}'
+    assert [s.uuid for s in decode_gpus(f"[{good}]")] == ["GPU-a"]
+    for bad in (f'[{good}, {{"index": "x"}}]', f"[{good}, 3]"):
+        with pytest.raises(ValueError):
+            decode_gpus(bad)
     with pytest.raises(ValueError):
         decode_gpus('{"index": 0}')
     with pytest.raises(ValueError):

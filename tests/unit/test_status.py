@@ -74,7 +74,8 @@ def test_status_counts_per_node() -> None:
     out = json.loads(as_json(rows()))
     assert out["nodes"][1]["unhealthy"] == [{"index": 5, "reason": "gpu lost"}]
     assert set(out["nodes"][0]) == {
-        "name", "product", "total", "healthy", "allocated", "free", "fresh", "age_s", "unhealthy"
+        "name", "product", "total", "healthy", "allocated", "free", "fresh", "age_s", "unhealthy",
+        "bad_data",
     }  # fmt: skip
     (s,) = out["summary"]
     # a stale node's GPUs are not on offer: its free GPUs are left out of the summary

@@ -157,3 +157,12 @@ def test_gpu_models_come_from_required_affinity(
 def test_policy_annotation() -> None:
     assert pod_policy({"metadata": {"annotations": {"gpudaemon.io/policy": "spread"}}}) == "spread"
     assert pod_policy({"metadata": {}}) is None
+
+
+def test_a_long_policy_annotation_is_cut_so_no_answer_quotes_it_whole() -> None:
+    from gpudaemon.extender.podspec import MAX_POLICY_NAME, POLICY_ANNOTATION, pod_policy
+
+    pod = {"metadata": {"annotations": {POLICY_ANNOTATION: "x" * 200_000}}}
+    got = pod_policy(pod)
+    assert got is not None and len(got) == MAX_POLICY_NAME + 3 and got.endswith("...")
+    assert pod_policy({"metadata": {"annotations": {POLICY_ANNOTATION: "binpack"}}}) == "binpack"
