@@ -29,11 +29,13 @@ from loguru import logger
 
 from gpudaemon.backends.base import is_sticky
 from gpudaemon.errors import UsageError
+from gpudaemon.labels.annotations import bounded_json
 from gpudaemon.logsetup import LogLimiter
 from gpudaemon.model import GpuSample
 from gpudaemon.textfile import MIB, read_text_file, write_atomic
 
 DEFAULT_STATE_FILE = "/var/lib/gpudaemon/health.json"
+MAX_RECORD_BYTES = 256 * 1024  # the API server's limit for all of a Node's annotations
 _VERSION = 1
 
 
@@ -65,7 +67,7 @@ class FileStore:
     def load(self) -> object:
         if not os.path.lexists(self.path):
             return None
-        return json.loads(read_text_file(self.path, "health.state_file", MIB))
+        return bounded_json(read_text_file(self.path, "health.state_file", MIB), self.where, MIB)
 
     def save(self, doc: dict[str, Any]) -> None:
         _write_record(self.path, json.dumps(doc, indent=1).encode())
@@ -93,7 +95,9 @@ class AnnotationStore:
     def load(self) -> object:
         # Parsed here, inside HealthMemory.load's error handling: a hand-edited
         # annotation is one error line, not a crash at start-up.
-        return json.loads(self.seeded) if self.seeded else None
+        # Bounded like every value read off a Node: a deep one is that line, not a
+        # RecursionError at start-up.
+        return bounded_json(self.seeded, self.key, MAX_RECORD_BYTES) if self.seeded else None
 
     def save(self, doc: dict[str, Any]) -> None:
         self.value = json.dumps(doc, separators=(",", ":"), sort_keys=True) if doc["gpus"] else ""
@@ -143,7 +147,7 @@ class HealthMemory:
                         uuid,
                         fault.reason,
                     )
-        except (UsageError, ValueError, KeyError, TypeError, AttributeError) as e:  # JSON too
+        except (UsageError, ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:
             logger.error(
                 "{}: cannot read the GPU fault record ({}); starting without it",
                 self.store.where,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpudaemon.backends.base import is_sticky
-from gpudaemon.healthmemory import FileStore, HealthMemory
+from gpudaemon.healthmemory import AnnotationStore, FileStore, HealthMemory
 from gpudaemon.model import GpuSample
 
 
@@ -74,6 +74,30 @@ def test_a_corrupt_record_is_one_line_and_the_agent_goes_on(
     assert len(errors) == 1 and "cannot read the GPU fault record" in errors[0]
     m.apply([sick(0, "xid 79")])  # and it records again, replacing the bad file
     assert "GPU-0" in json.loads(f.read_text())["gpus"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "[" * 50_000 + "]" * 50_000,  # a RecursionError for json.loads
+        '{"version": 1, "gpus": {"GPU-0": {"reason": "x", "boot_id": "b", "since": 1e999}}}',
+        '{"version": 1, "gpus": {"GPU-0": {"reason": "x", "boot_id": "b", "since": '
+        + "9" * 400
+        + "}}}",
+        "x" * (300 * 1024),
+    ],
+    ids=["deep", "infinity", "huge-int", "over-256KiB"],
+)
+def test_a_hostile_fault_annotation_is_one_line_at_start_up(
+    value: str, lines: list[tuple[str, str]]
+) -> None:
+    """The record read back off the Node is bounded like every value a node writes."""
+    store = AnnotationStore("gpudaemon.io/gpu-faults")
+    store.seed({"metadata": {"annotations": {"gpudaemon.io/gpu-faults": value}}})
+    m = HealthMemory(store, "b")
+    assert m.faults == {}
+    errors = [msg for lvl, msg in lines if lvl == "ERROR"]
+    assert len(errors) == 1 and "cannot read the GPU fault record" in errors[0]
 
 
 def test_a_symlink_is_neither_read_nor_written_through(
