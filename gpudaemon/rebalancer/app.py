@@ -428,10 +428,10 @@ class Rebalancer:
                 wait = min(ROOM_BACKOFF_S * 2 ** (tries - 1), ROOM_BACKOFF_MAX_S)
                 left = self._made_room_for[pod.uid] + wait - now
                 if left > 0:
-                    settled = now - self._made_room_for[pod.uid] >= cooldown
-                    if settled:
-                        self._skip(pod, "backoff", f"room was made for it {tries} time(s) and "
-                                   f"it is still unschedulable; not again for {left:.0f} s")  # fmt: skip
+                    if now - self._made_room_for[pod.uid] >= cooldown:  # settled, still pending
+                        msg = (f"room was made for it {tries} time(s) and it is still "
+                               f"unschedulable; not again for {left:.0f} s")  # fmt: skip
+                        self._skip(pod, "backoff", msg)
                     continue  # its evictions are still settling, or it is backing off
             if self._refuse(pod, placer):
                 continue
