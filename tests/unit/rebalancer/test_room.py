@@ -15,7 +15,6 @@ from gpudaemon.errors import ConfigError
 from gpudaemon.extender.state import NodeState
 from gpudaemon.rebalancer.app import MAX_BACKOFF_PODS, ROOM_BACKOFF_S, Rebalancer
 from gpudaemon.rebalancer.planner import Placer, defragment
-from tests.clock import FakeClock
 from tests.unit.rebalancer.test_planner import BINPACK, cluster, facts, fresh, nf
 from tests.unit.rebalancer.test_planner import pod as pfacts
 from tests.unit.rebalancer.test_rebalancer import load, metric, node, pod, rig
