@@ -380,7 +380,8 @@ def insufficient(
 def used_by(pods: Iterable[PodFit]) -> dict[str, int]:
     total: dict[str, int] = {}
     for p in pods:
-        total = _add(total, p.requests)
+        for k, v in p.requests.items():
+            total[k] = total.get(k, 0) + v
     return total
 
 

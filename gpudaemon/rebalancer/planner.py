@@ -228,11 +228,19 @@ class Placer:
         running: Mapping[str, Sequence[PodFacts]] | None = None,
     ) -> None:
         self.states, self.fresh, self.facts, self.policy = states, fresh, facts, policy
-        running = running or {}
-        self.used = {n: used_by(p.fit for p in pods) for n, pods in running.items()}
-        self.repellers = repellers(facts, running)
+        self.running = running or {}
+        self._used: dict[str, dict[str, int]] = {}
+        self.repellers = repellers(facts, self.running)
         self._ranked: dict[tuple[Any, ...], list[tuple[float, str]]] = {}
         self._refusals: dict[tuple[Any, ...], Refusal | None] = {}
+
+    def used(self, node: str) -> dict[str, int]:
+        """What the pods on `node` request (computed when first needed: most nodes
+        fail the GPU check before their pods matter)."""
+        got = self._used.get(node)
+        if got is None:
+            got = self._used[node] = used_by(p.fit for p in self.running.get(node, ()))
+        return got
 
     def excluded(self, pod: PodFacts) -> set[tuple[str, str]]:
         return excluded_domains(pod.fit, self.repellers) if self.repellers else set()
@@ -241,17 +249,17 @@ class Placer:
         self, pod: PodFacts, n: str, st: NodeState | None, excluded: set[tuple[str, str]],
         added: Mapping[str, int] | None = None,
     ) -> bool:  # fmt: skip
-        f = self.facts.get(n)
-        if st is None or f is None or not may_land(pod, f) or in_domains(f, excluded):
+        if st is None or check_node(st, pod.shape, fresh=self.fresh.get(n, False)) is not None:
             return False
-        used = self.used.get(n, {})
+        f = self.facts.get(n)
+        if not st.can_host(pod.shape) or f is None or not may_land(pod, f):
+            return False
+        if in_domains(f, excluded):
+            return False
+        used = self.used(n)
         if added:
             used = {r: used.get(r, 0) + added.get(r, 0) for r in {*used, *added}}
-        return (
-            check_node(st, pod.shape, fresh=self.fresh.get(n, False)) is None
-            and st.can_host(pod.shape)
-            and not insufficient(pod.fit.requests, f.allocatable, used)
-        )
+        return not insufficient(pod.fit.requests, f.allocatable, used)
 
     def ranked(self, pod: PodFacts) -> list[tuple[float, str]]:
         """(-score, node) of every node that can take `pod` now, best first (ties by
@@ -393,13 +401,14 @@ def defragment(
             continue
         if not _without(st, victims).can_host(pending.shape):
             continue  # the GPUs would be free, but not the CPU or memory
-        gone = {v.key for v in victims}
-        left = used_by(p.fit for p in running.get(node, ()) if p.key not in gone)
-        if insufficient(pending.fit.requests, f.allocatable, left):
-            continue  # another resource (a device, storage, the pod count) stays short
         cost = (len(victims), sum(v.shape.gpus for v in victims), node)
         candidates.append((cost, tuple(victims)))
     for (_, _, node), victims_t in sorted(candidates, key=lambda c: c[0]):
+        left = dict(placer.used(node))
+        for r, q in used_by(v.fit for v in victims_t).items():
+            left[r] = left.get(r, 0) - q
+        if insufficient(pending.fit.requests, facts[node].allocatable, left):
+            continue  # another resource (a device, storage, the pod count) stays short
         targets = placer.elsewhere(victims_t, node)
         if targets is not None:
             return Plan(pending, node, victims_t, tuple(targets))
