@@ -46,6 +46,22 @@ DEFAULT_SPOOL_DIR = "/var/lib/gpudaemon/spool"
 DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
+DNS1123_SUBDOMAIN_PATTERN = f"^{DNS1123_SUBDOMAIN.pattern}$"
+DNS1123_LABEL_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+def _check_dns_subdomain(v: str) -> str:
+    if not DNS1123_SUBDOMAIN.fullmatch(v) or len(v) > 253:
+        raise ValueError(f"{v!r} is not a DNS-1123 subdomain (lower-case a-z, 0-9, '-', '.')")
+    return v
+
+
+def _check_dns_label(v: str) -> str:
+    if not re.fullmatch(DNS1123_LABEL_PATTERN[1:-1], v) or len(v) > 63:
+        raise ValueError(f"{v!r} is not a namespace name (a DNS-1123 label: a-z, 0-9, '-')")
+    return v
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
 
@@ -405,8 +421,24 @@ class RebalanceConfig(_Section):
     # Reservations live at once (kept on the leader Lease); a plan that would need one
     # more waits until one is released. Bounds what the rebalancer can hold idle.
     max_reservations: Annotated[WholeNumber, Field(ge=1, le=256)] = 16
-    # Pods of this scheduler are the ones defragmentation makes room for.
-    scheduler_name: str = "gpudaemon-scheduler"
+    # Pods of this scheduler are the ones defragmentation makes room for (the pending
+    # watch selects them by spec.schedulerName; a DNS-1123 subdomain, as the API has it).
+    scheduler_name: Annotated[
+        str,
+        AfterValidator(_check_dns_subdomain),
+        Field(max_length=253, json_schema_extra={"pattern": DNS1123_SUBDOMAIN_PATTERN}),
+    ] = "gpudaemon-scheduler"
+    # Namespaces whose pending pods defragmentation makes room for; empty: every
+    # namespace. A pod elsewhere gets no evictions and no Event (counted in
+    # gpudaemon_rebalancer_skipped{reason="namespace"}). Opted-in pods may still be
+    # moved from any namespace.
+    namespaces: list[
+        Annotated[
+            str,
+            AfterValidator(_check_dns_label),
+            Field(max_length=63, json_schema_extra={"pattern": DNS1123_LABEL_PATTERN}),
+        ]
+    ] = []
 
 
 class HealthConfig(_Section):

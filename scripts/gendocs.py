@@ -344,7 +344,7 @@ def values_schema() -> str:
     """deploy/helm/gpudaemon/values.schema.json. `agent.config` and `extender.config`
     are checked against the config model itself, so a typo there fails `helm install`
     instead of every pod at start-up."""
-    from gpudaemon.config import Config
+    from gpudaemon.config import DNS1123_LABEL_PATTERN, Config
     from gpudaemon.extender.policies import known_policies
 
     model = _strip_titles(Config.model_json_schema(by_alias=True, mode="validation"))
@@ -563,6 +563,11 @@ def values_schema() -> str:
                 "config": config_ref,
                 "env": LIST,
                 "metricsPort": PORT,
+                "namespaces": {
+                    "type": "array",
+                    "description": "rebalance.namespaces: DNS-1123 labels; empty: all",
+                    "items": {"type": "string", "pattern": DNS1123_LABEL_PATTERN, "maxLength": 63},
+                },
                 "podLabels": STRMAP,
                 "livenessProbe": PROBE,
                 "readinessProbe": PROBE,
