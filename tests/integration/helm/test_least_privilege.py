@@ -176,7 +176,7 @@ def test_charts_agent_token_sets_no_finalizer_or_owner_and_not_the_rebalancers_l
             for meta in ({"ownerReferences": [gone]}, {"finalizers": ["example.com/hold"]}):
                 with pytest.raises(KubeError) as e:
                     agent.patch_node(node, {"metadata": meta}, status=status)
-                assert e.value.status == 403, e.value
+                assert e.value.status == 422, e.value
                 assert "may change only labels and annotations of a Node's metadata" in str(e.value)
         with pytest.raises(KubeError) as e:
             agent.apply_lease(release, node, {"holderIdentity": "spoof"})
