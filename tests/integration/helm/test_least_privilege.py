@@ -166,6 +166,20 @@ def test_charts_agent_token_sets_no_finalizer_or_owner_and_not_the_rebalancers_l
         kc = _kubeconfig(tmp_path / "kc", cluster.cp.server, "agent", token, cluster.cp.ca)
         agent = KubeClient.from_credentials(Credentials(False, str(kc)), timeout_s=30)
 
+        # A policy takes effect asynchronously: wait until the metadata rule bites
+        # (while it does not, undo what got through and try again).
+        def refused() -> bool:
+            try:
+                agent_client.patch_node(node, {"metadata": {"finalizers": ["example.com/p"]}})
+            except KubeError as e:
+                return "of a Node's metadata" in str(e)
+            cluster.request("PATCH", f"/api/v1/nodes/{node}", body={"metadata": {"finalizers": None}},
+                            content_type="application/merge-patch+json")  # fmt: skip
+            return False
+
+        agent_client = agent
+        cluster.wait(refused, "the agent's metadata rule in force", timeout=60)
+
         # What the agent writes, as it writes it, still goes through.
         agent.apply_node(node, {"gpudaemon.io/gpu.count": "8"}, {"gpudaemon.io/gpus": "[]"})
         cond = {"type": "GPUHealthy", "status": "True", "reason": "AllGPUsHealthy", "message": ""}

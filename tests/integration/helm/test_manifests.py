@@ -143,11 +143,12 @@ def containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_the_documented_no_helm_command_sets_every_gpudaemon_image(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster, release: str, tmp_path: Path
 ) -> None:
     """The command as a reader runs it, from the repository root, with a `kubectl` that
     records its arguments and what it is given; then the API server judges that stream
-    (what `kubectl apply --dry-run=server` would send)."""
+    (what `kubectl apply --server-side --dry-run=server` would send; the namespace
+    `gpudaemon` exists, with the chart's release in it)."""
     block = no_helm_command()
     (image,) = re.findall(r"^IMAGE=(\S+)$", block, flags=re.M)
     shim = tmp_path / "bin" / "kubectl"

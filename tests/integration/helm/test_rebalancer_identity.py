@@ -62,8 +62,12 @@ def rebalancer_client(cluster: Cluster, ns: str, tmp_path: Path) -> KubeClient:
 
 
 @pytest.fixture(scope="module")
-def rebalancer_release(helm: str, cluster: Cluster, release: str) -> Iterator[str]:
-    """The session's release with the rebalancer on (apply), and off again afterwards."""
+def rebalancer_release(
+    helm: str, cluster: Cluster, release: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """The session's release with the rebalancer on (apply), and off again afterwards;
+    returned once its pod-writes policy is in force (the API server loads a new policy
+    asynchronously: until then nothing is refused)."""
 
     def upgrade(*values: str) -> None:
         proc = run_helm(helm, "upgrade", "gpudaemon", str(CHART), "--namespace", release,
@@ -72,9 +76,29 @@ def rebalancer_release(helm: str, cluster: Cluster, release: str) -> Iterator[st
 
     upgrade("--set", "rebalancer.enabled=true", "--set", "rebalancer.apply=true")
     try:
+        wait_for_pod_policy(cluster, release, tmp_path_factory.mktemp("probe"))
         yield release
     finally:
         upgrade("--set", "rebalancer.enabled=false", "--set", "rebalancer.apply=false")
+
+
+def wait_for_pod_policy(cluster: Cluster, ns: str, tmp_path: Path) -> None:
+    probe = make_pod(cluster, ns, f"policy-probe-{uuid.uuid4().hex[:6]}", SCHEDULER)
+    rb = rebalancer_client(cluster, ns, tmp_path)
+
+    def refused() -> bool:
+        try:
+            rb.request("PATCH", probe, {"metadata": {"labels": {"app": uuid.uuid4().hex[:6]}}},
+                       content_type=MERGE)  # fmt: skip
+        except KubeError as e:
+            return "gpudaemon rebalancer may not change" in str(e)
+        return False
+
+    try:
+        cluster.wait(refused, "the rebalancer's pod-writes policy in force", timeout=60)
+    finally:
+        rb.close()
+        cluster.request("DELETE", probe, query={"gracePeriodSeconds": "0"})
 
 
 def test_rebalancer_works_with_only_the_charts_identity(
