@@ -356,3 +356,23 @@ def test_chart_readme_names_every_top_level_value() -> None:
     readme = (CHART / "README.md").read_text()
     missing = [k for k in values if f"`{k}`" not in readme]
     assert missing == []
+
+
+def test_rebalancer_rbac_grants_only_what_its_code_calls(helm: str) -> None:
+    """Reads, evictions, a patch of pods (held to its reservation annotations by the
+    pod-writes policy), Events created; no update, delete, pod subresource but
+    eviction, Event patch or PodDisruptionBudget read (issue 28)."""
+    docs = template(helm, "--set", "rebalancer.enabled=true")
+    role = one(docs, "ClusterRole", "gpudaemon-rebalancer")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    ]
+    vap = one(docs, "ValidatingAdmissionPolicy", "gpudaemon-rebalancer-pod-writes")
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    assert vap["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["pods", "pods/*"]
+    for name in ("gpudaemon-rebalancer-pod-writes", "gpudaemon-rebalancer-own-lease"):
+        binding = one(docs, "ValidatingAdmissionPolicyBinding", name)
+        assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
