@@ -95,6 +95,33 @@ def test_a_long_running_program_with_the_wrong_ca_stays_up_and_logs_once(
         stop(proc)
 
 
+def test_the_agent_with_the_wrong_ca_logs_once_and_keeps_polling(
+    control_plane: ControlPlane, wrong_ca: Path, tmp_path: Path
+) -> None:
+    node = f"gpu-{uuid.uuid4().hex[:8]}"
+    control_plane.create_node(node)
+    addr = f"127.0.0.1:{free_port()}"
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "node_name": node, "simulate": "dgx-h100", "labels": {"to": "apiserver"},
+        "metrics": {"listen": addr}, "schedules": {"labels": "* * * * * *"},
+        "kubernetes": {"kubeconfig": str(wrong_ca), "backoff_max_seconds": 1},
+    }))  # fmt: skip
+    log = tmp_path / "agent.log"
+    proc = start_agent(["run", "--config", str(cfg)], log=log)
+    try:
+        wait_for(lambda: MISMATCH in log.read_text(), 60, what="the TLS failure logged")
+        time.sleep(8)  # eight label runs, each failing
+        assert proc.poll() is None
+        assert http_get(f"http://{addr}/metrics")[0] == 200  # the readings still serve
+        text = log.read_text()
+        assert "Traceback" not in text, text[-3000:]
+        tls = [ln for ln in text.splitlines() if MISMATCH in ln]
+        assert 1 <= len(tls) <= 3 and all(HINT in ln for ln in tls), "\n".join(tls)
+    finally:
+        stop(proc)
+
+
 def test_insecure_skip_tls_verify_is_one_warning_line(
     control_plane: ControlPlane, insecure: Path, tmp_path: Path
 ) -> None:
@@ -120,10 +147,11 @@ def test_insecure_skip_tls_verify_is_one_warning_line(
     assert control_plane.node(node)["metadata"]["labels"]["gpudaemon.io/gpu.count"] == "8"
 
 
+@pytest.mark.parametrize("mib", [4, 64])
 def test_a_patch_over_the_body_limit_is_one_line_of_ours(
-    control_plane: ControlPlane, node: str
+    control_plane: ControlPlane, node: str, mib: int
 ) -> None:
-    big = {"metadata": {"annotations": {"example.com/big": "x" * (4 << 20)}}}
+    big = {"metadata": {"annotations": {"example.com/big": "x" * (mib << 20)}}}
     with pytest.raises(KubeInvalidError) as e:
         control_plane.admin.patch_node(node, big)
     assert e.value.status == 413 and "\n" not in str(e.value)
