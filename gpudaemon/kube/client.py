@@ -120,14 +120,14 @@ def describe_failure(e: BaseException, ca_source: str = "the kubeconfig's CA") -
     import urllib3
 
     chain = list(_chain(e))
-    for x in chain:
-        if isinstance(x, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(x):
-            why = getattr(x, "verify_message", "") or "certificate verify failed"
-            why = why if "verify failed" in why else f"certificate verify failed: {why}"
-            return f"TLS: {why} ({ca_source} does not match the server)"
+    verify = [x for x in chain if isinstance(x, ssl.SSLCertVerificationError)]
+    if verify or any("CERTIFICATE_VERIFY_FAILED" in str(x) for x in chain):
+        detail = str(getattr(verify[0], "verify_message", "") or "") if verify else ""
+        why = "certificate verify failed" + (f": {_one_line(detail)}" if detail else "")
+        return f"TLS: {why} ({ca_source} does not match the server)"
     for x in chain:
         if isinstance(x, ssl.SSLError | urllib3.exceptions.SSLError):
-            return f"TLS: {_one_line(getattr(x, 'reason', None) or x)}"
+            return f"TLS: {_one_line(x)}"
     for x in chain:
         if isinstance(x, urllib3.exceptions.ConnectTimeoutError):
             return "timed out connecting"

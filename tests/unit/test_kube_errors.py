@@ -38,13 +38,20 @@ def as_the_official_client_raises_it(e: BaseException) -> ApiException:
         return outer
 
 
-def tls_verify() -> BaseException:
-    return urllib3.exceptions.SSLError(ssl.SSLCertVerificationError(1, VERIFY))
+def tls_verify(detail: str = "") -> BaseException:
+    e = ssl.SSLCertVerificationError(1, VERIFY)
+    if detail:
+        e.verify_message = detail  # what ssl sets from the handshake
+    return urllib3.exceptions.SSLError(e)
 
 
 CASES: list[tuple[str, BaseException, str]] = [
     ("tls, as the official client raises it", as_the_official_client_raises_it(tls_verify()),
      "TLS: certificate verify failed (the kubeconfig's CA does not match the server)"),
+    ("tls, with the handshake's reason",
+     as_the_official_client_raises_it(tls_verify("self-signed certificate in certificate chain")),
+     "TLS: certificate verify failed: self-signed certificate in certificate chain "
+     "(the kubeconfig's CA does not match the server)"),
     ("tls, as urllib3 raises it", tls_verify(),
      "TLS: certificate verify failed (the kubeconfig's CA does not match the server)"),
     ("tls, another failure", urllib3.exceptions.SSLError(ssl.SSLError(1, "[SSL] wrong version")),
