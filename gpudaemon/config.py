@@ -11,6 +11,7 @@ import math
 import os
 import re
 import socket
+import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -258,12 +259,20 @@ class KubernetesConfig(_Section):
     # None: in a cluster when $KUBERNETES_SERVICE_HOST is set and the service-account
     # token is mounted (resolved when the config is loaded).
     in_cluster: Switch | None = None
-    # Written into the Lease as `<this>/<pid>`. Empty: $POD_NAME, then the hostname.
+    # Who this process is in Leases: the agent's node Lease holder is `<this>/<pid>`.
+    # Empty: $POD_NAME, then the hostname (resolved when the config is loaded).
     holder_identity: str = ""
+    # The rebalancer's identity in its leader Lease. Empty: holder_identity when that
+    # was set explicitly, else `<$POD_NAME or hostname>_<random UUID>`, as client-go
+    # makes it: two replicas on one hostname (no $POD_NAME) must never both lead.
+    leader_identity: str = ""
     # Stale after this; renewed every third of it (`kube.lease.renew_period_s`). 6 min
     # gives 30 Lease writes per node-hour (kubelet's own node lease costs 360) and a
     # stale threshold the extender can live with: GPU data needs no liveness precision.
     lease_duration_seconds: Annotated[WholeNumber, Field(ge=10, le=86400)] = 360
+    # The namespace of the agents' node Leases and the rebalancer's leader Lease (the
+    # chart sets its release namespace). `gpudaemon status` uses it when it is set here
+    # or in the environment; otherwise it finds the agents' Leases by their label.
     lease_namespace: str = "gpudaemon"
     # Backoff cap after API errors: bounds recovery time without hammering a sick server.
     backoff_max_seconds: Annotated[Number, Field(gt=0, le=3600)] = 60.0
@@ -403,7 +412,7 @@ class RebalanceConfig(_Section):
     max_evictions_per_minute: Annotated[WholeNumber, Field(ge=1, le=10_000)] = 10
     max_evictions_per_node: Annotated[WholeNumber, Field(ge=1, le=1000)] = 8
     # Leader election: the Lease `gpudaemon-rebalancer` in kubernetes.lease_namespace,
-    # held by $POD_NAME (then the hostname); the leader renews it every third of this.
+    # held by kubernetes.leader_identity; the leader renews it every third of this.
     lease_duration_s: Annotated[WholeNumber, Field(ge=5, le=3600)] = 15
     # Pods that may be moved to defragment: the annotation gpudaemon.io/rebalance="true",
     # or matching this label selector (empty: the annotation only). Draining a sick GPU
@@ -583,6 +592,11 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         ) from None
 
 
+# Once per process: every load of the config in one process names the same leader, and
+# two processes (two replicas, or one restarted) never the same.
+PROCESS_UUID = str(uuid.uuid4())
+
+
 def _from_environment(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
     """The defaults that come from the environment; every such read is here."""
     out = dict(data)
@@ -599,8 +613,13 @@ def _from_environment(data: dict[str, Any], environ: Mapping[str, str]) -> dict[
         candidates = [*environ.get("KUBECONFIG", "").split(os.pathsep)]
         candidates += [f"{home}/.kube/config"] if home else []
         k["kubeconfig"] = next((c for c in candidates if c and Path(c).is_file()), "")
-    if not k.get("holder_identity"):
-        k["holder_identity"] = environ.get("POD_NAME") or socket.gethostname()
+    # Not a string: left as it is, for validation to name it.
+    raw = k.get("holder_identity")
+    explicit = raw.strip() if isinstance(raw, str) else raw
+    k["holder_identity"] = explicit or environ.get("POD_NAME") or socket.gethostname()
+    lead = k.get("leader_identity")
+    if not (lead.strip() if isinstance(lead, str) else lead):
+        k["leader_identity"] = explicit or f"{k['holder_identity']}_{PROCESS_UUID}"
     out["kubernetes"] = k
     return out
 

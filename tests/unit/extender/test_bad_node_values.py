@@ -219,7 +219,7 @@ class _Client:
 
 
 def test_status_lists_the_others_and_shows_the_poisoned_node_as_no_data() -> None:
-    nodes = [poisoned("bad", "orjson_depth"), node_obj("good", uid="u2")]
+    nodes = [poisoned("bad", "orjson_depth"), node_obj("good", uid="u2", util=[0] * 8)]
     leases = [lease_obj("bad", NOW - 10), lease_obj("good", NOW - 10, owner_uid="u2")]
     rows = collect(_Client(nodes, leases), prefix=P, lease_namespace="x", now=NOW)  # type: ignore[arg-type]
     by = {r.name: r for r in rows}
