@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gpudaemon.errors import KubeError, KubeForbiddenError
-from gpudaemon.kube.client import Credentials, KubeClient
+from gpudaemon.kube.client import NODE_LEASE_LABELS, Credentials, KubeClient
 from tests.integration.kube.controlplane import ControlPlane, _kubeconfig
 
 pytestmark = pytest.mark.integration
@@ -187,10 +187,11 @@ def test_agent_may_not_write_the_rebalancers_or_schedulers_lease_or_dress_up_its
             assert control_plane.lease(other) is None
         node = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": str(uuid.uuid4())}
         elsewhere = {**node, "name": "some-other-node"}
-        msg = "may set only an owner reference to its Node on its Lease"
+        msg = "may set only an owner reference to its Node and its two node-lease labels"
         for meta in (
             {"finalizers": ["example.com/hold"]},
             {"labels": {"gpudaemon.io/x": "1"}},
+            {"labels": {**NODE_LEASE_LABELS, "gpudaemon.io/x": "1"}},
             {"annotations": {"gpudaemon.io/rebalancer-state": "{}"}},
             {"ownerReferences": [elsewhere]},
             {"ownerReferences": [{**node, "blockOwnerDeletion": True}]},
@@ -198,8 +199,10 @@ def test_agent_may_not_write_the_rebalancers_or_schedulers_lease_or_dress_up_its
         ):
             assert msg in lease_denied(agent, name, **meta), meta
         assert control_plane.lease(name) is None
-        # What the agent writes: its Lease, owned by its Node (deleted with it).
+        # What the agent writes: its Lease, owned by its Node (deleted with it), with
+        # the labels `gpudaemon status` finds it by.
         agent.apply_lease("gpudaemon", name, {"holderIdentity": "me"}, owner=node)
+        assert control_plane.lease(name)["metadata"]["labels"] == NODE_LEASE_LABELS  # type: ignore[index]
         assert msg in lease_denied(agent, name, finalizers=["example.com/hold"])
         lease = control_plane.lease(name)
         assert lease is not None and lease["metadata"]["ownerReferences"][0]["name"] == name
