@@ -3,8 +3,8 @@ server only (Nodes, the agents' Leases, bound pods), so it runs anywhere a kubec
 does, with no agent on that machine.
 
 The numbers are the extender's own: the nodes, pods and Leases go into the extender's
-ClusterState, which applies the one pod-request rule (extender/podspec.py), the one
-free-GPU rule (extender/state.py: allocatable - requested - unhealthy) and the one
+ClusterState, which applies the one pod-request rule (cluster/podspec.py), the one
+free-GPU rule (cluster/state.py: allocatable - requested - unhealthy) and the one
 freshness rule (an unexpired Lease owned by this Node object). A node whose data is not
 fresh shows its healthy and free GPUs as unknown (None), never as a guess, and says why.
 
@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC
 from typing import Any
 
+from gpudaemon.cluster.clusterstate import ClusterState
+from gpudaemon.cluster.metrics import node_gpus
+from gpudaemon.cluster.podspec import GPU_RESOURCE
 from gpudaemon.errors import BadValueError, KubeForbiddenError, KubeNotFoundError
-from gpudaemon.extender.cluster import ClusterState
-from gpudaemon.extender.metrics import node_gpus
-from gpudaemon.extender.podspec import GPU_RESOURCE
 from gpudaemon.kube.client import NODE_LEASE_SELECTOR, KubeClient
 from gpudaemon.kube.lease import LEASE_API, lease_expiry, lease_path, parse_time
 from gpudaemon.labels.annotations import decode_gpus

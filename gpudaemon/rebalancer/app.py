@@ -17,14 +17,10 @@ from loguru import logger
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from gpudaemon import __version__
-from gpudaemon.config import Config
-from gpudaemon.errors import BadValueError, ConfigError, KubeError, KubeNotFoundError
-from gpudaemon.extender.app import POD_SELECTOR, pending_selector
-from gpudaemon.extender.cluster import ClusterState
-from gpudaemon.extender.informer import Reflector
-from gpudaemon.extender.metrics import BadDataCollector
-from gpudaemon.extender.policies import build_policies, policy_spec
-from gpudaemon.extender.reservations import (
+from gpudaemon.cluster.clusterstate import ClusterState
+from gpudaemon.cluster.metrics import BadDataCollector
+from gpudaemon.cluster.policies import build_policies, policy_spec
+from gpudaemon.cluster.reservations import (
     MAX_RESERVE_S,
     REBALANCER_LEASE,
     RESERVATIONS_ANNOTATION,
@@ -33,9 +29,13 @@ from gpudaemon.extender.reservations import (
     Reservation,
     encode,
 )
+from gpudaemon.cluster.selectors import POD_SELECTOR, pending_selector
+from gpudaemon.config import Config
+from gpudaemon.errors import BadValueError, ConfigError, KubeError, KubeNotFoundError
 from gpudaemon.httpserver import HttpServer, StartResponse, probe_response, text_response
 from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import KubeClient, find_credentials
+from gpudaemon.kube.informer import Reflector
 from gpudaemon.kube.leader import LeaderElector
 from gpudaemon.kube.lease import lease_path, micro_time
 from gpudaemon.labels.annotations import GpuState, decode_gpus

@@ -23,7 +23,7 @@ def imported_modules(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "above", ["gpudaemon.kube", "gpudaemon.history", "gpudaemon.extender", "gpudaemon.app"]
+    "above", ["gpudaemon.kube", "gpudaemon.history", "gpudaemon.extender", "gpudaemon.agent.app"]
 )
 def test_config_imports_nothing_from_the_layers_above_it(above: str) -> None:
     mods = imported_modules(PKG / "config.py")
@@ -32,7 +32,7 @@ def test_config_imports_nothing_from_the_layers_above_it(above: str) -> None:
 
 
 def test_no_bench_imports_the_wiring_even_through_a_test_helper() -> None:
-    """bench/ measures library modules, never gpudaemon.app; a helper of tests/ that a
+    """bench/ measures library modules, never gpudaemon.agent.app; a helper of tests/ that a
     bench imports counts too (it would bring the wiring in through the back door)."""
     bench = PKG.parent / "bench"
     seen: set[Path] = set()
@@ -45,7 +45,7 @@ def test_no_bench_imports_the_wiring_even_through_a_test_helper() -> None:
             continue
         seen.add(path)
         for mod in imported_modules(path):
-            if mod == "gpudaemon.app":
+            if mod == "gpudaemon.agent.app":
                 offenders.append(path.relative_to(PKG.parent))
             elif mod.split(".")[0] in ("bench", "tests"):
                 f = PKG.parent / (mod.replace(".", "/") + ".py")

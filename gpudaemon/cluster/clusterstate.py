@@ -28,15 +28,15 @@ from typing import Any, Protocol
 
 from loguru import logger
 
-from gpudaemon.errors import BadValueError
-from gpudaemon.extender.podspec import (
+from gpudaemon.cluster.podspec import (
     GPU_RESOURCE,
     MIG_RESOURCE_PREFIX,
     pod_gang,
     pod_shape,
     quantity,
 )
-from gpudaemon.extender.state import MigCounts, NodeState, PodShape, add_mig
+from gpudaemon.cluster.state import MigCounts, NodeState, PodShape, add_mig
+from gpudaemon.errors import BadValueError
 from gpudaemon.kube.lease import lease_expiry
 from gpudaemon.labels.annotations import count_label, decode_gpus
 from gpudaemon.labels.sanitize import DEFAULT_PREFIX
