@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from gpudaemon.cluster.state import NodeState
+from gpudaemon.labels.keys import GPU_COUNT, GPU_HEALTHY, GPU_UNHEALTHY, GPUS_ANNOTATION
 
 
 def node_gpus(st: NodeState) -> tuple[int, int]:
@@ -20,7 +21,7 @@ def node_gpus(st: NodeState) -> tuple[int, int]:
 
 # The values a node writes that its readers parse (issue 28), and "node": a Node object
 # that could not be read at all. Listed so each series exists from the start, at 0.
-BAD_VALUE_KEYS = ("gpus", "gpu.count", "gpu.healthy", "gpu.unhealthy", "node")
+BAD_VALUE_KEYS = (GPUS_ANNOTATION, GPU_COUNT, GPU_HEALTHY, GPU_UNHEALTHY, "node")
 
 
 class BadDataCollector(Collector):

@@ -39,6 +39,7 @@ from gpudaemon.kube.informer import Reflector
 from gpudaemon.kube.leader import LeaderElector
 from gpudaemon.kube.lease import lease_path, micro_time
 from gpudaemon.labels.annotations import GpuState, decode_gpus
+from gpudaemon.labels.keys import GPUS_ANNOTATION
 from gpudaemon.rebalancer.planner import (
     Decision,
     NodeFacts,
@@ -217,7 +218,7 @@ class Rebalancer:
         self.metrics.dry_run.set(1 if self.rb.dry_run else 0)
         self.cluster = ClusterState(cfg.labels.prefix, wall=wall)
         self.product_label = self.cluster.product_label
-        self.gpus_key = cfg.labels.prefix + "gpus"
+        self.gpus_key = cfg.labels.prefix + GPUS_ANNOTATION
         self.selector = selector_matcher(self.rb.selector)
         self._lock = threading.Lock()
         self.nodes: dict[str, NodeFacts] = {}
