@@ -39,8 +39,11 @@ IMPORT_STEPS = (
     ("pydantic, pydantic-settings, yaml", "pydantic_settings, yaml"),
     ("apscheduler, prometheus-client", "apscheduler, prometheus_client"),
     ("gpudaemon.config (the settings models)", "gpudaemon.config"),
-    ("gpudaemon.app, gpudaemon.cli (wiring, HTTP server)", "gpudaemon.app, gpudaemon.cli"),
-    ("API client in a pod (no kubernetes import)", "gpudaemon.kube.nodelabels"),
+    (
+        "gpudaemon.agent.app, gpudaemon.cli (wiring, HTTP server)",
+        "gpudaemon.agent.app, gpudaemon.cli",
+    ),
+    ("API client in a pod (no kubernetes import)", "gpudaemon.agent.nodelabels"),
     ("kubernetes (only with a kubeconfig)", "kubernetes"),
     ("history (urllib3 transport, SQLite spool)", "gpudaemon.history.writer"),
     ("pod-resources client (h2, protobuf)", "h2.connection, gpudaemon.podresources._gen.api_pb2"),

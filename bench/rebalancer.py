@@ -31,10 +31,10 @@ from prometheus_client import CollectorRegistry
 
 from bench.extender import lease_obj, node_obj, pod_obj
 from bench.table import print_table
+from gpudaemon.cluster.policies.base import Policy
+from gpudaemon.cluster.scoring import check_node
+from gpudaemon.cluster.state import NodeState
 from gpudaemon.config import Config
-from gpudaemon.extender.policies.base import Policy
-from gpudaemon.extender.scoring import check_node
-from gpudaemon.extender.state import NodeState
 from gpudaemon.rebalancer.app import Rebalancer
 from gpudaemon.rebalancer.planner import (
     NodeFacts,

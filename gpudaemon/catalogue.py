@@ -2,7 +2,7 @@
 
 Every per-GPU (and per-MIG-instance) series the agent exports is a row here: plain
 readings, health, lost, ECC by type, XID by code, the info series and the MIG series.
-The Prometheus collector (metrics/collector.py) and the InfluxDB line encoder
+The Prometheus collector (agent/metrics/collector.py) and the InfluxDB line encoder
 (history/lines.py) both iterate only this table, so a series cannot be exported one
 way and forgotten the other; tests/unit/test_catalogue.py fails if they drift.
 

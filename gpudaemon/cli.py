@@ -202,7 +202,7 @@ def _overrides(args: argparse.Namespace, flags: Flags = _RUN_FLAGS) -> dict[str,
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gpudaemon.app import Agent
+    from gpudaemon.agent.app import Agent
     from gpudaemon.config import load_config
     from gpudaemon.logsetup import setup_logging
 
@@ -247,13 +247,13 @@ def _rebalance(args: argparse.Namespace) -> int:
 
 
 def _probe(args: argparse.Namespace) -> int:
+    from gpudaemon.agent.cache import Cache
+    from gpudaemon.agent.poller import Poller
     from gpudaemon.backends import make_backend
-    from gpudaemon.cache import Cache
     from gpudaemon.config import load_config
     from gpudaemon.labels import NodeLabeler
     from gpudaemon.labels.sanitize import validate_prefix
     from gpudaemon.logsetup import setup_logging
-    from gpudaemon.poller import Poller
 
     setup_logging("WARNING")
     if args.prefix is not None:

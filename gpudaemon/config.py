@@ -328,7 +328,7 @@ class ExtenderConfig(_Section):
     tls: ExtenderTls = ExtenderTls()
     # The default policy; a pod picks another with the annotation gpudaemon.io/policy.
     # fragmentation: fewest unallocated GPUs on the openb trace (docs/benchmarks.md).
-    # Checked against the policy registry (extender/policies/) when the extender starts:
+    # Checked against the policy registry (cluster/policies/) when the extender starts:
     # configuration sits below the extender and does not import it.
     policy: Annotated[str, Field(min_length=1, max_length=63)] = "fragmentation"
     # Weight of measured utilization as the tie-break within a policy. Below 1, so it

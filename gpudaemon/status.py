@@ -3,8 +3,8 @@ server only (Nodes, the agents' Leases, bound pods), so it runs anywhere a kubec
 does, with no agent on that machine.
 
 The numbers are the extender's own: the nodes, pods and Leases go into the extender's
-ClusterState, which applies the one pod-request rule (extender/podspec.py), the one
-free-GPU rule (extender/state.py: allocatable - requested - unhealthy) and the one
+ClusterState, which applies the one pod-request rule (cluster/podspec.py), the one
+free-GPU rule (cluster/state.py: allocatable - requested - unhealthy) and the one
 freshness rule (an unexpired Lease owned by this Node object). A node whose data is not
 fresh shows its healthy and free GPUs as unknown (None), never as a guess, and says why.
 
@@ -22,13 +22,14 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC
 from typing import Any
 
+from gpudaemon.cluster.clusterstate import ClusterState
+from gpudaemon.cluster.metrics import node_gpus
+from gpudaemon.cluster.podspec import GPU_RESOURCE
 from gpudaemon.errors import BadValueError, KubeForbiddenError, KubeNotFoundError
-from gpudaemon.extender.cluster import ClusterState
-from gpudaemon.extender.metrics import node_gpus
-from gpudaemon.extender.podspec import GPU_RESOURCE
 from gpudaemon.kube.client import NODE_LEASE_SELECTOR, KubeClient
 from gpudaemon.kube.lease import LEASE_API, lease_expiry, lease_path, parse_time
 from gpudaemon.labels.annotations import decode_gpus
+from gpudaemon.labels.keys import GPU_COUNT, GPUS_ANNOTATION
 
 # The node-pool label of the common platforms, first match wins (`--pool-label` to name
 # another): GKE, EKS managed node groups, AKS, Karpenter, OpenShift machine sets.
@@ -275,7 +276,7 @@ def _age(s: float) -> str:
 
 def _is_gpu_node(node: Mapping[str, Any], prefix: str) -> bool:
     meta = node.get("metadata") or {}
-    if (prefix + "gpu.count") in (meta.get("labels") or {}):
+    if (prefix + GPU_COUNT) in (meta.get("labels") or {}):
         return True
     alloc = (node.get("status") or {}).get("allocatable") or {}
     return str(alloc.get(GPU_RESOURCE, "0")) not in ("0", "")
@@ -285,15 +286,15 @@ def _unhealthy(node: Mapping[str, Any], prefix: str) -> tuple[list[Unhealthy], s
     """The unhealthy GPUs the agent's `gpus` annotation names, and what is wrong with
     the annotation ("" when nothing): a node without a readable one has no GPU data."""
     meta = node.get("metadata") or {}
-    if prefix + "gpu.count" not in (meta.get("labels") or {}):
-        return [], f"no agent labels ({prefix}gpu.count)"
-    text = (meta.get("annotations") or {}).get(prefix + "gpus")
+    if prefix + GPU_COUNT not in (meta.get("labels") or {}):
+        return [], f"no agent labels ({prefix}{GPU_COUNT})"
+    text = (meta.get("annotations") or {}).get(prefix + GPUS_ANNOTATION)
     if not isinstance(text, str):
-        return [], f"no {prefix}gpus annotation"
+        return [], f"no {prefix}{GPUS_ANNOTATION} annotation"
     try:
         gpus = decode_gpus(text)
     except BadValueError:  # the node is shown as "agent data unreadable" instead
-        return [], f"unreadable {prefix}gpus annotation"
+        return [], f"unreadable {prefix}{GPUS_ANNOTATION} annotation"
     return [Unhealthy(g.index, g.reason or "unhealthy") for g in gpus if not g.healthy], ""
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import orjson
 
 from gpudaemon.errors import BadValueError
+from gpudaemon.labels.keys import GPUS_ANNOTATION
 from gpudaemon.model import MIB, GpuSample, MigDevice, PodMap, Snapshot
 
 ANNOTATION_BUDGET_BYTES = 256 * 1024
@@ -84,7 +85,7 @@ class GpuStateAnnotator:
     """Stateful: remembers what it last published so noise cannot move it."""
 
     def __init__(self, prefix: str, q: Quantization | None = None) -> None:
-        self.key = prefix + "gpus"
+        self.key = prefix + GPUS_ANNOTATION
         self.q = q or Quantization()
         self._tracks: dict[tuple[str, str], _Track] = {}
 

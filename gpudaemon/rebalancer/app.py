@@ -17,14 +17,10 @@ from loguru import logger
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from gpudaemon import __version__
-from gpudaemon.config import Config
-from gpudaemon.errors import BadValueError, ConfigError, KubeError, KubeNotFoundError
-from gpudaemon.extender.app import POD_SELECTOR, pending_selector
-from gpudaemon.extender.cluster import ClusterState
-from gpudaemon.extender.informer import Reflector
-from gpudaemon.extender.metrics import BadDataCollector
-from gpudaemon.extender.policies import build_policies, policy_spec
-from gpudaemon.extender.reservations import (
+from gpudaemon.cluster.clusterstate import ClusterState
+from gpudaemon.cluster.metrics import BadDataCollector
+from gpudaemon.cluster.policies import build_policies, policy_spec
+from gpudaemon.cluster.reservations import (
     MAX_RESERVE_S,
     REBALANCER_LEASE,
     RESERVATIONS_ANNOTATION,
@@ -33,12 +29,17 @@ from gpudaemon.extender.reservations import (
     Reservation,
     encode,
 )
+from gpudaemon.cluster.selectors import POD_SELECTOR, pending_selector
+from gpudaemon.config import Config
+from gpudaemon.errors import BadValueError, ConfigError, KubeError, KubeNotFoundError
 from gpudaemon.httpserver import HttpServer, StartResponse, probe_response, text_response
 from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import KubeClient, find_credentials
+from gpudaemon.kube.informer import Reflector
 from gpudaemon.kube.leader import LeaderElector
 from gpudaemon.kube.lease import lease_path, micro_time
 from gpudaemon.labels.annotations import GpuState, decode_gpus
+from gpudaemon.labels.keys import GPUS_ANNOTATION
 from gpudaemon.rebalancer.planner import (
     Decision,
     NodeFacts,
@@ -217,7 +218,7 @@ class Rebalancer:
         self.metrics.dry_run.set(1 if self.rb.dry_run else 0)
         self.cluster = ClusterState(cfg.labels.prefix, wall=wall)
         self.product_label = self.cluster.product_label
-        self.gpus_key = cfg.labels.prefix + "gpus"
+        self.gpus_key = cfg.labels.prefix + GPUS_ANNOTATION
         self.selector = selector_matcher(self.rb.selector)
         self._lock = threading.Lock()
         self.nodes: dict[str, NodeFacts] = {}

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudaemon.extender.podspec import quantity
+from gpudaemon.cluster.podspec import quantity
 
 Taint = tuple[str, str, str]  # (key, value, effect)
 UNSCHEDULABLE_TAINT: Taint = ("node.kubernetes.io/unschedulable", "", "NoSchedule")

@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpudaemon.extender.app import unschedulable_since
-from gpudaemon.extender.podspec import pod_gang, pod_shape
-from gpudaemon.extender.policies.base import Policy
-from gpudaemon.extender.scoring import check_node
-from gpudaemon.extender.state import NodeState, PodShape
+from gpudaemon.cluster.podspec import pod_gang, pod_shape
+from gpudaemon.cluster.policies.base import Policy
+from gpudaemon.cluster.scoring import check_node
+from gpudaemon.cluster.selectors import unschedulable_since
+from gpudaemon.cluster.state import NodeState, PodShape
 from gpudaemon.rebalancer.fits import (
     NodeFit,
     PodFit,

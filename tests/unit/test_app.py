@@ -6,7 +6,7 @@ import pytest
 from loguru import logger
 from prometheus_client import CollectorRegistry
 
-from gpudaemon.app import Agent
+from gpudaemon.agent.app import Agent
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
 from gpudaemon.config import load_config
 from gpudaemon.errors import BackendError, KubeUnavailableError

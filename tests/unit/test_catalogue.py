@@ -10,9 +10,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpudaemon import catalogue
-from gpudaemon.cache import Cache
+from gpudaemon.agent.cache import Cache
+from gpudaemon.agent.metrics.collector import GpuCollector
 from gpudaemon.history.lines import lines_for
-from gpudaemon.metrics.collector import GpuCollector
 from gpudaemon.model import MIB, GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory, Snapshot
 from tests.unit.metrics.test_collector import FULL as COLLECTOR_FULL
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpudaemon.app import Agent
+from gpudaemon.agent.app import Agent
+from gpudaemon.agent.cache import Cache
 from gpudaemon.backends import simulated
 from gpudaemon.backends.base import ENERGY_CALLS, SAMPLE_CALLS
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile, parse_profile
-from gpudaemon.cache import Cache
 from gpudaemon.config import load_config
 from gpudaemon.errors import ConfigError, ProfileError
 from gpudaemon.labels.outputs import NullSink

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from gpudaemon.agent.cache import Cache
 from gpudaemon.backends.simulated import FaultSpec, SimulatedBackend, load_profile, parse_profile
-from gpudaemon.cache import Cache
 from gpudaemon.labels import NodeLabeler
 from gpudaemon.labels.sanitize import is_valid_value
 from gpudaemon.model import Snapshot

@@ -4,7 +4,7 @@ server and admission policy side is tests/integration/kube/test_node_health.py."
 
 from __future__ import annotations
 
-from gpudaemon.kube.nodehealth import condition_for
+from gpudaemon.agent.nodehealth import condition_for
 from gpudaemon.labels import Labels, LabelSet
 from tests.unit.test_kube import P, make
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpudaemon.cluster.clusterstate import ClusterState
 from gpudaemon.errors import KubeForbiddenError
-from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.extender.metrics import NodeCollector
 from gpudaemon.kube.client import NODE_LEASE_LABELS, NODE_LEASE_SELECTOR
 from gpudaemon.status import as_json, as_table, collect

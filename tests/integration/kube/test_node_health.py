@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from gpudaemon.agent.nodehealth import NodeHealthWriter
 from gpudaemon.errors import KubeError
 from gpudaemon.kube.client import KubeClient
-from gpudaemon.kube.nodehealth import NodeHealthWriter
 from tests.integration.kube.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration

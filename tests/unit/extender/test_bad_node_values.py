@@ -14,12 +14,12 @@ import pytest
 from loguru import logger
 from prometheus_client import CollectorRegistry
 
-from gpudaemon.extender.cluster import ClusterState
-from gpudaemon.extender.informer import Reflector
-from gpudaemon.extender.metrics import BadDataCollector
-from gpudaemon.extender.scoring import check_node
-from gpudaemon.extender.state import PodShape
+from gpudaemon.cluster.clusterstate import ClusterState
+from gpudaemon.cluster.metrics import BadDataCollector
+from gpudaemon.cluster.scoring import check_node
+from gpudaemon.cluster.state import PodShape
 from gpudaemon.kube.backoff import Backoff
+from gpudaemon.kube.informer import Reflector
 from gpudaemon.status import as_json, as_table, collect
 from tests.unit.extender.test_cluster import lease_obj, node_obj
 from tests.unit.extender.test_informer import ScriptedClient, obj

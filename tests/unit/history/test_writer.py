@@ -18,8 +18,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpudaemon import catalogue
+from gpudaemon.agent.cache import Cache
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
-from gpudaemon.cache import Cache
 from gpudaemon.config import Config, load_config, redact_url
 from gpudaemon.errors import ConfigError, InfluxWriteError
 from gpudaemon.history.lines import encode_line, lines_for

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpudaemon.agent.cache import Cache
+from gpudaemon.agent.metrics.collector import GpuCollector, ReadingAgeCollector
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
-from gpudaemon.cache import Cache
-from gpudaemon.metrics.collector import GpuCollector, ReadingAgeCollector
 from gpudaemon.model import (
     MIB,
     GpuInfo,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpudaemon.cluster.policies import build_policies
+from gpudaemon.cluster.state import NodeState, PodShape
 from gpudaemon.config import ExtenderConfig
-from gpudaemon.extender.policies import build_policies
-from gpudaemon.extender.state import NodeState, PodShape
 from gpudaemon.rebalancer.fits import PodFit
 from gpudaemon.rebalancer.planner import (
     NodeFacts,

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from gpudaemon.cluster.state import NodeState
 from gpudaemon.config import Config
 from gpudaemon.errors import ConfigError
-from gpudaemon.extender.state import NodeState
 from gpudaemon.rebalancer.app import MAX_BACKOFF_PODS, ROOM_BACKOFF_S, Rebalancer
 from gpudaemon.rebalancer.planner import Placer, defragment
 from tests.unit.rebalancer.test_planner import BINPACK, cluster, facts, fresh, nf

@@ -13,19 +13,24 @@ from typing import Any, Protocol
 from loguru import logger
 from prometheus_client import CollectorRegistry
 
+from gpudaemon.agent.cache import Cache
+from gpudaemon.agent.healthmemory import (
+    DEFAULT_STATE_FILE,
+    AnnotationStore,
+    FileStore,
+    HealthMemory,
+)
+from gpudaemon.agent.metrics.collector import GpuCollector, ReadingAgeCollector
+from gpudaemon.agent.metrics.http import HttpServer, make_app
+from gpudaemon.agent.metrics.selfmetrics import AgentMetrics
+from gpudaemon.agent.poller import Poller
 from gpudaemon.backends import Backend, make_backend
-from gpudaemon.cache import Cache
 from gpudaemon.config import Config
 from gpudaemon.errors import GpudaemonError, NvmlUnavailableError
-from gpudaemon.healthmemory import DEFAULT_STATE_FILE, AnnotationStore, FileStore, HealthMemory
 from gpudaemon.labels import LabelSet, NodeLabeler
 from gpudaemon.labels.outputs import FileSink, NfdSink, NullSink, StdoutSink
-from gpudaemon.metrics.collector import GpuCollector, ReadingAgeCollector
-from gpudaemon.metrics.http import HttpServer, make_app
-from gpudaemon.metrics.selfmetrics import AgentMetrics
 from gpudaemon.model import PodMap
 from gpudaemon.podresources import PodAttribution
-from gpudaemon.poller import Poller
 from gpudaemon.schedule import CronScheduler, Job, JobRunner
 
 
@@ -69,8 +74,8 @@ def make_label_sink(cfg: Config, metrics: AgentMetrics) -> LabelSink:
     if to == "none":
         return NullSink()
     if to == "apiserver":
+        from gpudaemon.agent.nodelabels import NodeLabelSink
         from gpudaemon.kube.client import find_credentials
-        from gpudaemon.kube.nodelabels import NodeLabelSink
 
         k = cfg.kubernetes
         creds = find_credentials(k.kubeconfig, bool(k.in_cluster))

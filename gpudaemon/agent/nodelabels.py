@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from loguru import logger
 
+from gpudaemon.agent.nodehealth import NodeHealthWriter
+from gpudaemon.agent.nodewatch import NodeWatch, resource_version
 from gpudaemon.errors import KubeError, KubeNotFoundError, SinkError
 from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import FIELD_MANAGER, Credentials, KubeClient
 from gpudaemon.kube.lease import LeaseRenewer, micro_time, renew_cron
-from gpudaemon.kube.nodehealth import NodeHealthWriter
-from gpudaemon.kube.nodewatch import NodeWatch, resource_version
 from gpudaemon.labels import Labels, LabelSet
 from gpudaemon.labels.sanitize import DEFAULT_PREFIX
 from gpudaemon.logsetup import LogLimiter
@@ -28,8 +28,8 @@ from gpudaemon.schedule import Job
 FRESH_SINCE = "fresh-since"
 
 if TYPE_CHECKING:
+    from gpudaemon.agent.metrics.selfmetrics import AgentMetrics
     from gpudaemon.config import KubernetesConfig
-    from gpudaemon.metrics.selfmetrics import AgentMetrics
 
 
 def owned_keys(node: Mapping[str, Any], manager: str = FIELD_MANAGER) -> tuple[set[str], set[str]]:
@@ -73,7 +73,7 @@ class NodeLabelSink:
 
     A Node deleted and re-created under the same name has a new UID, which means "not
     written by us": the labels are applied again and the Lease re-owned at once. The
-    Node watch (`start`, kube/nodewatch.py) sees it within a second, as it sees our
+    Node watch (`start`, agent/nodewatch.py) sees it within a second, as it sees our
     labels, annotation or condition removed; without a live watch the heartbeat's read
     of the Node notices it, within one renewal period. The Lease is renewed only for
     the UID the labels were last written to.

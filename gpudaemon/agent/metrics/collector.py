@@ -15,9 +15,9 @@ from loguru import logger
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpudaemon.cache import Cache
+from gpudaemon.agent.cache import Cache
+from gpudaemon.agent.metrics.exposition import encode_families
 from gpudaemon.catalogue import CATALOGUE, PREFIX, MigValue, Series
-from gpudaemon.metrics.exposition import encode_families
 from gpudaemon.model import GpuInfo, PodMap, Snapshot
 
 _NO_POD = ("", "", "")

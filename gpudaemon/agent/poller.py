@@ -6,10 +6,10 @@ runs, with the library modules only."""
 
 from __future__ import annotations
 
+from gpudaemon.agent.cache import Cache
+from gpudaemon.agent.healthlog import HealthLog
+from gpudaemon.agent.healthmemory import HealthMemory
 from gpudaemon.backends import Backend
-from gpudaemon.cache import Cache
-from gpudaemon.healthlog import HealthLog
-from gpudaemon.healthmemory import HealthMemory
 
 
 class Poller:
