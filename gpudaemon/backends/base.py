@@ -16,7 +16,10 @@ LOST_REASON = "gpu lost"
 
 
 def is_critical_xid(xid: int) -> bool:
-    return xid not in APPLICATION_XIDS
+    """An XID that makes the GPU unhealthy, by the XID table (health/xid.py)."""
+    from gpudaemon.health.xid import xid_rule
+
+    return xid_rule(xid, APPLICATION_XIDS).state == "unhealthy"
 
 
 def health_reason(*, lost: bool, critical_xid: int | None, ecc_uncorrected: int | None) -> str:
@@ -61,6 +64,8 @@ def lost_sample(index: int, uuid: str, xid_errors_total: Mapping[int, int]) -> G
         uuid=uuid,
         healthy=False,
         health_reason=LOST_REASON,
+        health_state="unhealthy",
+        health_action="reboot_node",
         lost=True,
         xid_errors_total=dict(xid_errors_total),
     )
@@ -80,8 +85,22 @@ SAMPLE_CALLS: tuple[str, ...] = (
     "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetTotalEccErrors",  # corrected
     "nvmlDeviceGetTotalEccErrors",  # uncorrected
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetRemappedRows",
 )
 ENERGY_CALLS: tuple[str, ...] = ("nvmlDeviceGetTotalEnergyConsumption",)
+# The health counters' read (NvmlBackend.health_counters, `schedules.health`): one
+# field-values call for the recovery action and the clock-event durations (its own
+# name: the measured `nvmlDeviceGetFieldValues` cost is the energy field's), the retired
+# pages (before Ampere only), and per active NVLink link one call per error counter.
+HEALTH_FIELDS_CALL = "nvmlDeviceGetFieldValues(health)"
+HEALTH_CALLS: tuple[str, ...] = (HEALTH_FIELDS_CALL,)
+RETIRED_PAGES_CALLS: tuple[str, ...] = (
+    "nvmlDeviceGetRetiredPages",  # multiple single-bit
+    "nvmlDeviceGetRetiredPages",  # double-bit
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+)
+NVLINK_CALL = "nvmlDeviceGetNvLinkErrorCounter"  # x 4 counters x active links
 
 
 class Backend(Protocol):
@@ -103,6 +122,12 @@ class Backend(Protocol):
     def energy(self) -> dict[int, float | None]:
         """Each GPU's energy counter in joules, by index (None: not readable now). A
         slow call on real GPUs, so it has its own schedule (`schedules.energy`)."""
+        ...
+
+    def health_counters(self) -> None:
+        """Read the slower health signals (NVLink error counters, retired pages, the
+        recovery action, clock-event durations) on `schedules.health`; the next samples
+        carry them."""
         ...
 
     def boot_id(self) -> str:

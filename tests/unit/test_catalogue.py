@@ -120,6 +120,18 @@ def test_every_reading_reaches_both_exports(field: str) -> None:
     old = getattr(FULL, field)
     if isinstance(old, bool):
         new: object = not old
+    elif field == "health_state":
+        new = "unhealthy"
+    elif field == "health_action":
+        new = "replace"
+    elif field == "recovery_action":
+        new = "node_reboot"
+    elif field == "clock_events_active":
+        new = frozenset({"hw_power_brake"})
+    elif field == "nvlink_errors_total":
+        new = {**old, 7: {"recovery": 9}}
+    elif field == "clock_event_seconds_total":
+        new = {**old, "hw_power_brake": 2.0}
     elif isinstance(old, dict):
         new = {**old, 48: 1}
     else:
