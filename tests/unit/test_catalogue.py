@@ -121,7 +121,7 @@ def test_every_reading_reaches_both_exports(field: str) -> None:
     if isinstance(old, bool):
         new: object = not old
     elif field == "health_state":
-        new = "unhealthy"
+        new = "unhealthy" if old != "unhealthy" else "healthy"
     elif field == "health_action":
         new = "replace"
     elif field == "recovery_action":
@@ -136,7 +136,9 @@ def test_every_reading_reaches_both_exports(field: str) -> None:
         new = {**old, 48: 1}
     else:
         new = old * 2
-    changed = _snapshot(dataclasses.replace(FULL, **{field: new}))
+    # FULL is unhealthy: a state other than "unhealthy" needs healthy=True with it.
+    extra = {"healthy": True} if field == "health_state" and new != "unhealthy" else {}
+    changed = _snapshot(dataclasses.replace(FULL, **{field: new, **extra}))
     base = _snapshot(FULL)
     assert _prometheus(changed) != _prometheus(base), f"{field}: not in Prometheus"
     assert _influx(changed) != _influx(base), f"{field}: not in InfluxDB"

@@ -138,7 +138,7 @@ def test_a_bad_field_is_one_line_at_load(tmp_path: Path, fault: str, message: st
 
 
 def test_a_row_remap_needs_an_ampere_gpu_with_ecc() -> None:
-    with pytest.raises(ProfileError, match="compute_capability 8.0 or later"):
+    with pytest.raises(ProfileError, match=r"compute_capability 8\.0 or later"):
         parse_profile(
             "gpus: [{name: V100, memory_total_mib: 16384, compute_capability: '7.0'}]\n"
             "faults: [{kind: row_remap, gpu: 0, pending: true}]"
