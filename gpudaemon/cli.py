@@ -283,6 +283,14 @@ def _probe(args: argparse.Namespace) -> int:
         if s is not None:
             reading = asdict(s)
             reading["xid_errors_total"] = {str(k): v for k, v in s.xid_errors_total.items()}
+            reading["nvlink_errors_total"] = {
+                str(k): dict(v) for k, v in s.nvlink_errors_total.items()
+            }
+            if s.clock_events_active is not None:
+                reading["clock_events_active"] = sorted(s.clock_events_active)
+            d["health"] = {"state": s.health_state, "action": s.health_action}
+            if s.health_reason:
+                d["health"]["reason"] = s.health_reason
             d["reading"] = {k: v for k, v in reading.items() if k not in ("index", "uuid")}
         gpus.append(d)
     if args.format == "json":
@@ -310,7 +318,9 @@ def _probe(args: argparse.Namespace) -> int:
         )
         temp = f"{s.temperature_celsius:.0f}C" if s and s.temperature_celsius is not None else "-"
         power = f"{s.power_watts:.0f}W" if s and s.power_watts is not None else "-"
-        health = "ok" if s is None or s.healthy else f"UNHEALTHY ({s.health_reason})"
+        health = "ok"
+        if s is not None and s.health_state != "healthy":
+            health = f"{s.health_state.upper()} ({s.health_reason}; action {s.health_action})"
         print(
             f"{info.index:>3}  {info.name[:28]:<28} {used + '/' + str(info.memory_total_mib):>17} "
             f"{util:>5} {temp:>5} {power:>7}  {health}"

@@ -190,11 +190,16 @@ class Schedules(_Section):
     # whole telemetry sample, so its own schedule; 30 s suits rate() over the usual 2-5
     # min windows at 0.1% of a core for 8 GPUs. "none" turns it off.
     energy: CronOrNone = "*/30 * * * * *"
+    # The slower GPU health counters (NVLink error counters: 4 calls per link, 72 on an
+    # H100; retired pages; the recovery action; clock-event durations): ~0.2-0.4 ms per
+    # GPU (estimated, docs/benchmarks.md), so not in every sample. Row remapping and
+    # clock events are in every sample; XID 154 re-reads the recovery action at once.
+    health: CronOrNone = "*/30 * * * * *"
 
-    @field_validator("telemetry", "inventory", "labels", "history", "pods", "energy")
+    @field_validator("telemetry", "inventory", "labels", "history", "pods", "energy", "health")
     @classmethod
     def _cron(cls, v: str, info: ValidationInfo) -> str:
-        if info.field_name == "energy" and v == "none":
+        if info.field_name in ("energy", "health") and v == "none":
             return v
         try:
             parse_cron(v)

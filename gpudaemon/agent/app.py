@@ -185,6 +185,8 @@ class Agent:
         ]
         if s.energy != "none":
             table.append(Job("energy", s.energy, self.poller.energy))
+        if s.health != "none":
+            table.append(Job("health", s.health, self.poller.health_counters))
         if self.pod_attribution is not None:
             table.append(Job("pods", s.pods, self.pod_attribution.refresh))
         if self.history is not None:
@@ -238,7 +240,7 @@ class Agent:
         """One full cycle, in data order. True when every step succeeded. The Lease
         too: a cycle's labels are only worth something to a scheduler while a Lease
         vouches for them (it expires on its own afterwards)."""
-        order = ("inventory", "telemetry", "energy", "labels", "history", "lease")
+        order = ("inventory", "health", "telemetry", "energy", "labels", "history", "lease")
         return all([self.run_job(name) for name in order])
 
     # -- readiness ---------------------------------------------------------------
@@ -286,6 +288,7 @@ class Agent:
         self.read_back_faults()
         # First readings straight away (check_backend already took the inventory), so
         # /readyz and the labels don't wait a period.
+        self.run_job("health")
         self.poll_telemetry()
         self.run_job("energy")
         self.reconcile_labels()

@@ -73,14 +73,17 @@ ROOT = {
 # layer may always import itself. Programs: agent, extender, rebalancer, status (cli is
 # the dispatcher that starts them). Shared layers never import a program.
 ALLOWED: dict[str, set[str]] = {
-    "root": {"labels"},  # config checks the label prefix (labels/sanitize.py)
-    "backends": {"root"},
+    # config checks the label prefix (labels/sanitize.py); the metric catalogue names the
+    # health signals' values (health/signals.py, health/verdict.py)
+    "root": {"labels", "health"},
+    "health": {"root"},  # signal -> state -> action tables: pure, read by backends and agent
+    "backends": {"root", "health"},
     "labels": {"root"},
     "kube": {"root"},
     "history": {"root"},
     "podresources": {"root"},
     "cluster": {"root", "labels", "kube"},
-    "agent": {"root", "backends", "labels", "kube", "history", "podresources"},
+    "agent": {"root", "backends", "health", "labels", "kube", "history", "podresources"},
     "extender": {"root", "labels", "kube", "cluster"},
     "rebalancer": {"root", "labels", "kube", "cluster"},
     "status": {"root", "labels", "kube", "cluster"},

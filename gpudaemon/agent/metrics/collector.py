@@ -111,7 +111,8 @@ class GpuCollector(Collector):
                 for s in samples:
                     for label, v in row.gpu(s):
                         fam.add_metric(
-                            [*base[s.index], label] if row.label else base[s.index], float(v)
+                            [*base[s.index], *label.split(",")] if row.label else base[s.index],
+                            float(v),
                         )
             elif row.mig is not None:
                 self._mig(fam, row.mig, snap, inv.gpus, base, pods)
