@@ -11,7 +11,11 @@ fresh shows its healthy and free GPUs as unknown (None), never as a guess, and s
 The agents' Leases are where the chart put them: `-n` names that namespace; without it,
 the Leases are found by their label (`NODE_LEASE_SELECTOR`) in every namespace with one
 list the API server filters, and only when none is found (agents older than the label,
-or no right to list Leases across namespaces) in `kubernetes.lease_namespace`."""
+or no right to list Leases across namespaces) in `kubernetes.lease_namespace`.
+
+Each unhealthy or degraded GPU is listed with the agent's verdict (health/verdict.py):
+its state, the action it needs and why (issue 30); an agent older than the verdict
+gives no action ("")."""
 
 from __future__ import annotations
 
@@ -45,8 +49,12 @@ TERMINAL = "status.phase!=Succeeded,status.phase!=Failed"
 
 @dataclass
 class Unhealthy:
+    """A GPU that is not healthy, as the agent's `gpus` annotation has it."""
+
     index: int
     reason: str
+    state: str = "unhealthy"  # unhealthy | degraded
+    action: str = ""  # none | watch | drain | reset_gpu | reboot_node | replace; "": unknown
 
 
 @dataclass
@@ -60,6 +68,8 @@ class NodeRow:
     fresh: bool
     age_s: float | None  # seconds since the agent's last Lease renewal; None: no Lease
     unhealthy: list[Unhealthy] | None = field(default_factory=list)  # None: no fresh data
+    # Schedulable but watched (clock events, growing remaps, NVLink errors); None: no data.
+    degraded: list[Unhealthy] | None = field(default_factory=list)
     pool: str = ""
     # Why the agent's labels or annotation could not be read ("" when they could): the
     # node then has no data, so it is not fresh (issue 28).
@@ -83,6 +93,7 @@ class SummaryRow:
     stale_nodes: int = 0
     total: int = 0
     healthy: int = 0
+    degraded: int = 0  # of the healthy (schedulable) ones
     allocated: int = 0
     free: int = 0
 
@@ -154,7 +165,7 @@ def collect(
         total, healthy = node_gpus(st)
         lease = found.by_node.get(name)
         at = None if lease is None else _renewed(lease)
-        unhealthy, ann_problem = _unhealthy(node, prefix)
+        sick, ann_problem = _not_healthy(node, prefix)
         bad = cluster.bad_reason(name)
         why = None
         if bad:
@@ -173,7 +184,8 @@ def collect(
                 free=None if why else st.gpus_free,
                 fresh=why is None,
                 age_s=None if at is None else round(max(0.0, wall - at), 1),
-                unhealthy=None if why else unhealthy,
+                unhealthy=None if why else [u for u in sick if u.state == "unhealthy"],
+                degraded=None if why else [u for u in sick if u.state != "unhealthy"],
                 pool=_pool(labels, pool_label),
                 bad_data=bad,
                 stale_reason=why,
@@ -208,6 +220,7 @@ def summarize(rows: Sequence[NodeRow]) -> list[SummaryRow]:
         s.stale_nodes += not r.fresh
         s.total += r.total
         s.healthy += r.healthy or 0  # a stale node's GPUs are not known to be healthy
+        s.degraded += len(r.degraded or ())
         s.allocated += r.allocated
         s.free += r.free or 0  # nor on offer
     return [out[k] for k in sorted(out)]
@@ -223,7 +236,10 @@ def as_json(rows: Sequence[NodeRow]) -> str:
 
 
 def as_table(rows: Sequence[NodeRow]) -> str:
-    head = ("NODE", "PRODUCT", "TOTAL", "HEALTHY", "ALLOCATED", "FREE", "FRESH", "AGE", "DETAIL")
+    head = (
+        "NODE", "PRODUCT", "TOTAL", "HEALTHY", "ALLOCATED", "FREE", "FRESH", "AGE", "GPU-HEALTH",
+        "DETAIL",
+    )  # fmt: skip
     body = [
         (
             r.name,
@@ -234,24 +250,38 @@ def as_table(rows: Sequence[NodeRow]) -> str:
             _opt(r.free),
             "yes" if r.fresh else "NO",
             "-" if r.age_s is None else _age(r.age_s),
+            ",".join(_verdict(u) for u in _attention(r)) or "-",
             f"stale: {r.stale_reason}"
             if r.stale_reason
-            else ", ".join(f"{u.index}: {u.reason}" for u in r.unhealthy or ()) or "-",
+            else ", ".join(f"{u.index}: {u.reason}" for u in _attention(r)) or "-",
         )
         for r in rows
     ]
     sums = summarize(rows)
-    head2 = ("PRODUCT", "POOL", "NODES", "STALE", "TOTAL", "HEALTHY", "ALLOCATED", "FREE")
+    head2 = (
+        "PRODUCT", "POOL", "NODES", "STALE", "TOTAL", "HEALTHY", "DEGRADED", "ALLOCATED", "FREE",
+    )  # fmt: skip
     body2 = [
         (s.product or "-", s.pool or "-", *(str(v) for v in (
-            s.nodes, s.stale_nodes, s.total, s.healthy, s.allocated, s.free)))
+            s.nodes, s.stale_nodes, s.total, s.healthy, s.degraded, s.allocated, s.free)))
         for s in sums
     ]  # fmt: skip
     note = (
         "HEALTHY and FREE are '-' (unknown) on a stale node, and the summary counts fresh "
-        "nodes only: a stale node's GPUs are not offered."
+        "nodes only: a stale node's GPUs are not offered. GPU-HEALTH: index=state/action of "
+        "each GPU not healthy (degraded ones are schedulable and counted as healthy)."
     )
     return f"{_grid(head, body)}\n\n{_grid(head2, body2)}\n{note}\n"
+
+
+def _attention(r: NodeRow) -> list[Unhealthy]:
+    """The node's unhealthy and degraded GPUs, by index."""
+    return sorted([*(r.unhealthy or ()), *(r.degraded or ())], key=lambda u: u.index)
+
+
+def _verdict(u: Unhealthy) -> str:
+    """`5=unhealthy/reboot_node`; `5=unhealthy` from an agent older than the action."""
+    return f"{u.index}={u.state}" + (f"/{u.action}" if u.action else "")
 
 
 def _grid(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
@@ -282,9 +312,10 @@ def _is_gpu_node(node: Mapping[str, Any], prefix: str) -> bool:
     return str(alloc.get(GPU_RESOURCE, "0")) not in ("0", "")
 
 
-def _unhealthy(node: Mapping[str, Any], prefix: str) -> tuple[list[Unhealthy], str]:
-    """The unhealthy GPUs the agent's `gpus` annotation names, and what is wrong with
-    the annotation ("" when nothing): a node without a readable one has no GPU data."""
+def _not_healthy(node: Mapping[str, Any], prefix: str) -> tuple[list[Unhealthy], str]:
+    """The unhealthy and degraded GPUs the agent's `gpus` annotation names, and what is
+    wrong with the annotation ("" when nothing): a node without a readable one has no
+    GPU data."""
     meta = node.get("metadata") or {}
     if prefix + GPU_COUNT not in (meta.get("labels") or {}):
         return [], f"no agent labels ({prefix}{GPU_COUNT})"
@@ -295,7 +326,11 @@ def _unhealthy(node: Mapping[str, Any], prefix: str) -> tuple[list[Unhealthy], s
         gpus = decode_gpus(text)
     except BadValueError:  # the node is shown as "agent data unreadable" instead
         return [], f"unreadable {prefix}{GPUS_ANNOTATION} annotation"
-    return [Unhealthy(g.index, g.reason or "unhealthy") for g in gpus if not g.healthy], ""
+    return [
+        Unhealthy(g.index, g.reason or g.state, g.state, g.action)
+        for g in gpus
+        if g.state != "healthy"
+    ], ""
 
 
 def _renewed(lease: Mapping[str, Any]) -> float | None:

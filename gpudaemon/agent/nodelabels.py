@@ -20,7 +20,7 @@ from gpudaemon.errors import KubeError, KubeNotFoundError, SinkError
 from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import FIELD_MANAGER, Credentials, KubeClient
 from gpudaemon.kube.lease import LeaseRenewer, micro_time, renew_cron
-from gpudaemon.labels import Labels, LabelSet
+from gpudaemon.labels import GpuHealth, Labels, LabelSet
 from gpudaemon.labels.sanitize import DEFAULT_PREFIX
 from gpudaemon.logsetup import LogLimiter
 from gpudaemon.schedule import Job
@@ -115,7 +115,7 @@ class NodeLabelSink:
             clock=clock,
         )
         self.health = NodeHealthWriter(client, node, prefix, taint=taint_unhealthy, clock=clock)
-        self._unhealthy: tuple[tuple[int, str], ...] = ()
+        self._unhealthy: tuple[GpuHealth, ...] = ()  # unhealthy and degraded GPUs
         self._gpus = 0
         self.fresh: Callable[[], bool] = lambda: True
         # Called with the Node whenever a reconcile reads it in full (the agent seeds
@@ -182,7 +182,7 @@ class NodeLabelSink:
             raise SinkError("refusing labels that did not pass through sanitize_value")
         with self._lock:
             self._desired = self._with_fresh_since(ls.as_dict())
-            self._unhealthy, self._gpus = ls.unhealthy, ls.gpus
+            self._unhealthy, self._gpus = ls.verdicts, ls.gpus
             wrote = self._reconcile()
             return self._sync_health() or wrote
 

@@ -27,8 +27,10 @@ NOW = 1_800_000_000.0
 def objects() -> dict[str, list[dict[str, Any]]]:
     lost = node_obj("b", healthy=7, uid="ub")
     lost["metadata"]["annotations"][P + "gpus"] = json.dumps(
-        [{"index": 5, "uuid": "GPU-5", "memory_total_mib": 1, "healthy": False,
-          "reason": "gpu lost"}]
+        [{"index": 2, "uuid": "GPU-2", "memory_total_mib": 1, "healthy": True,
+          "state": "degraded", "action": "watch", "reason": "clock event hw_slowdown"},
+         {"index": 5, "uuid": "GPU-5", "memory_total_mib": 1, "healthy": False,
+          "state": "unhealthy", "action": "reboot_node", "reason": "gpu lost"}]
     )  # fmt: skip
     cpu_only = {"metadata": {"name": "cpu", "uid": "uc", "labels": {}}, "status": {}}
     return {
@@ -92,24 +94,53 @@ def test_status_counts_per_node() -> None:
         "c": (8, None, 0, None, False, 400.0),  # a stopped agent: health unknown
     }  # the CPU-only node is not a GPU node
     out = json.loads(as_json(rows()))
-    assert out["nodes"][1]["unhealthy"] == [{"index": 5, "reason": "gpu lost"}]
+    assert out["nodes"][1]["unhealthy"] == [
+        {"index": 5, "reason": "gpu lost", "state": "unhealthy", "action": "reboot_node"}
+    ]
+    assert out["nodes"][1]["degraded"] == [
+        {"index": 2, "reason": "clock event hw_slowdown", "state": "degraded", "action": "watch"}
+    ]
+    assert (out["nodes"][0]["unhealthy"], out["nodes"][0]["degraded"]) == ([], [])
     assert set(out["nodes"][0]) == {
         "name", "product", "total", "healthy", "allocated", "free", "fresh", "age_s",
-        "unhealthy", "stale_reason", "bad_data",
+        "unhealthy", "degraded", "stale_reason", "bad_data",
     }  # fmt: skip
     c = out["nodes"][2]
-    assert (c["healthy"], c["free"], c["unhealthy"]) == (None, None, None)
+    assert (c["healthy"], c["free"], c["unhealthy"], c["degraded"]) == (None, None, None, None)
     assert c["stale_reason"] == "the Lease expired 40s ago"
     assert out["nodes"][0]["stale_reason"] is None
     (s,) = out["summary"]
     # a stale node's GPUs are neither known healthy nor on offer: left out of the summary
     assert (s["nodes"], s["stale_nodes"], s["healthy"], s["free"], s["allocated"]) == (
         3, 1, 15, 9, 6)  # fmt: skip
+    assert s["degraded"] == 1  # the degraded GPU is schedulable: among the healthy
     table = as_table(rows())
     assert "b     NVIDIA-H100  8      7        2          5     yes" in table
     assert "c     NVIDIA-H100  8      -        0          -     NO" in table
     assert "stale: the Lease expired 40s ago" in table
-    assert "5: gpu lost" in table
+    lines = {ln.split()[0]: ln.split(None, 9) for ln in table.splitlines()[1:4]}
+    assert lines["b"][8:] == [
+        "2=degraded/watch,5=unhealthy/reboot_node",
+        "2: clock event hw_slowdown, 5: gpu lost",
+    ]
+    assert lines["a"][8:] == ["-", "-"]
+    assert lines["c"][8] == "-"  # stale: nothing known of its GPUs
+    assert "NVIDIA-H100  -     3      1      24     15       1         6          9" in table
+
+
+def test_an_agent_older_than_the_verdict_shows_its_unhealthy_gpus_without_an_action() -> None:
+    objs = objects()
+    objs["/api/v1/nodes"][1]["metadata"]["annotations"][P + "gpus"] = json.dumps(
+        [{"index": 5, "uuid": "GPU-5", "memory_total_mib": 1, "healthy": False,
+          "reason": "gpu lost"}]
+    )  # fmt: skip
+    got = collect(FakeClient(objs), prefix=P, lease_namespace="gpudaemon", now=NOW)  # type: ignore[arg-type]
+    out = json.loads(as_json(got))
+    assert out["nodes"][1]["unhealthy"] == [
+        {"index": 5, "reason": "gpu lost", "state": "unhealthy", "action": ""}
+    ]
+    assert out["nodes"][1]["degraded"] == []
+    assert " 5=unhealthy " in as_table(got)
 
 
 def stale_reasons(objs: dict[str, list[dict[str, Any]]]) -> dict[str, str | None]:

@@ -1,6 +1,6 @@
 """`gpudaemon status` against a real API server with four nodes run by real simulated
-agents (issue 18): one with a lost GPU, one whose agent was stopped, GPU pods bound on
-two. Total, healthy, allocated, free and fresh per node are checked in the JSON, and the
+agents (issue 18): one with a lost GPU and a degraded one (a clock slowdown: issue 30's
+state and action per GPU), one whose agent was stopped, GPU pods bound on two. Total, healthy, allocated, free and fresh per node are checked in the JSON, and the
 table shows the same numbers; the stopped agent's node shows its health as unknown and
 says why (issue 28). A release in another namespace: `status -n <namespace>` shows its
 agents' nodes fresh, `status` alone finds their Leases by label, and a node without an
@@ -26,7 +26,7 @@ LOST_GPU5 = """driver_version: "550.54.15"
 cuda_version: "12.4"
 gpus:
   - {name: NVIDIA H100 80GB HBM3, memory_total_mib: 81559, compute_capability: "9.0", count: 8}
-faults: [{kind: lost, gpu: 5}]
+faults: [{kind: lost, gpu: 5}, {kind: clock_event, gpu: 2, reasons: [hw_slowdown]}]
 """
 
 
@@ -119,7 +119,14 @@ def test_status_gives_the_right_numbers_per_node(fleet: dict[str, Any]) -> None:
         "stopped": (8, None, 0, None, False),  # no fresh data: unknown, not healthy
         "idle": (8, 8, 0, 8, True),
     }
-    assert rows[names["lost"]]["unhealthy"] == [{"index": 5, "reason": "gpu lost"}]
+    assert rows[names["lost"]]["unhealthy"] == [
+        {"index": 5, "reason": "gpu lost", "state": "unhealthy", "action": "reboot_node"}
+    ]
+    # Degraded: schedulable (among the healthy and free), but shown with its action.
+    assert rows[names["lost"]]["degraded"] == [
+        {"index": 2, "reason": "clock event hw_slowdown", "state": "degraded", "action": "watch"}
+    ]
+    assert rows[names["idle"]]["degraded"] == [] and rows[names["stopped"]]["degraded"] is None
     assert rows[names["busy"]]["product"] == "NVIDIA-H100-80GB-HBM3"
     assert rows[names["stopped"]]["age_s"] > 10 and rows[names["idle"]]["age_s"] < 10
     assert rows[names["stopped"]]["stale_reason"].startswith("the Lease expired ")
@@ -127,6 +134,7 @@ def test_status_gives_the_right_numbers_per_node(fleet: dict[str, Any]) -> None:
     (summary,) = out["summary"]
     assert (summary["nodes"], summary["stale_nodes"], summary["total"]) == (4, 1, 32)
     assert (summary["healthy"], summary["allocated"], summary["free"]) == (23, 6, 17)
+    assert summary["degraded"] == 1
 
     table = status(cp, "-l", f"status-test={tag}")
     lines = {ln.split()[0]: ln.split() for ln in table.splitlines() if ln.startswith("st-")}
@@ -135,6 +143,8 @@ def test_status_gives_the_right_numbers_per_node(fleet: dict[str, Any]) -> None:
         assert lines[n][2:7] == [str(total), "-" if healthy is None else str(healthy),
                                  str(allocated), "-" if free is None else str(free),
                                  "yes" if fresh else "NO"]  # fmt: skip
+    assert lines[names["lost"]][8] == "2=degraded/watch,5=unhealthy/reboot_node"
+    assert lines[names["idle"]][8] == "-"
     assert "5: gpu lost" in table
     assert "stale: the Lease expired " in table
 
