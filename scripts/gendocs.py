@@ -5,7 +5,7 @@ neither can drift.
                              deploy/helm/gpudaemon/values.schema.json
   scripts/gen-docs --check   write nothing; exit 1 naming the files that differ
 
-- configuration.md: every key of the config model (gpudaemon/config.py), its type,
+- configuration.md: every key of the config model (gpudaemon/config/), its type,
   default, limits and environment variable, and the comment beside it in the code.
 - metrics.md: every series of the catalogue (gpudaemon/catalogue.py) with its labels and
   InfluxDB field, then every other family the agent and the extender really register
@@ -47,7 +47,17 @@ PROFILES = ("dgx-h100", "a100-mig", "mixed")
 
 
 def _comments(cls: type) -> dict[str, str]:
-    """Field name -> the comment lines just above it and the comment at its line's end."""
+    """Field name -> the comment lines just above it and the comment at its line's end,
+    from the class and the classes it inherits fields from (Config's top-level keys
+    are the agent's NodeFields)."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if issubclass(klass, BaseModel) and klass is not BaseModel:
+            out.update(_own_comments(klass))
+    return out
+
+
+def _own_comments(cls: type) -> dict[str, str]:
     try:
         src = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):
@@ -131,22 +141,38 @@ def config_rows(
 
 
 def configuration() -> str:
-    from gpudaemon.config import ENV_PREFIX, Config
+    from gpudaemon.config import ENV_PREFIX, PROGRAMS, Config
 
     out = [
         "# Configuration reference\n",
-        "Every key of the configuration model, in the order of `gpudaemon/config.py`. Set a",
-        "key in the YAML file (`--config`), or with the environment variable beside it",
-        "(nested keys joined by `__`), or for some with a flag. Explanations and examples:",
+        "Every key of the configuration file (`Config` in `gpudaemon/config/`), in its order.",
+        "Set a key in the YAML file (`--config`), or with the environment variable beside it",
+        "(nested keys joined by `__`), or for some with a flag. Each program validates the",
+        "keys it uses (the programs column) and checks only the names of the others.",
+        "Explanations and examples:",
         "[../configuration.md](../configuration.md).\n",
-        "| key | type | default | limits | environment variable | notes (from the code) |",
-        "|---|---|---|---|---|---|",
+        "| key | type | default | limits | environment variable | programs"
+        " | notes (from the code) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for key, tp, default, limits, note in config_rows(Config):
         env = ENV_PREFIX + key.upper().replace(".", "__")
         note = note.replace("|", "\\|")
-        out.append(f"| `{key}` | {tp} | {default} | {limits} | `{env}` | {note} |")
-    return HEADER.format(src="gpudaemon/config.py") + "\n".join(out) + "\n"
+        used = ", ".join(name for name, model in PROGRAMS.items() if _has_key(model, key))
+        out.append(f"| `{key}` | {tp} | {default} | {limits} | `{env}` | {used} | {note} |")
+    return HEADER.format(src="gpudaemon/config/") + "\n".join(out) + "\n"
+
+
+def _has_key(model: type[BaseModel], key: str) -> bool:
+    """Whether `model` (a program's) validates the dotted `key`."""
+    head, _, rest = key.partition(".")
+    fields = {f.alias or n: f.annotation for n, f in model.model_fields.items()}
+    if head not in fields:
+        return False
+    tp = fields[head]
+    if rest and isinstance(tp, type) and issubclass(tp, BaseModel):
+        return _has_key(tp, rest)
+    return True
 
 
 # -- metrics -----------------------------------------------------------------------------

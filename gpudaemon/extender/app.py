@@ -21,7 +21,7 @@ from gpudaemon.cluster.metrics import BadDataCollector
 from gpudaemon.cluster.policies import Policy, build_policies, policy_spec
 from gpudaemon.cluster.reservations import LeaseReservations, ReservationCollector
 from gpudaemon.cluster.selectors import POD_SELECTOR, pending_selector, unschedulable_since
-from gpudaemon.config import Config
+from gpudaemon.config import ExtenderSettings
 from gpudaemon.errors import ConfigError
 from gpudaemon.extender.api import ExtenderApi
 from gpudaemon.extender.metrics import CacheCollector, NodeCollector
@@ -42,7 +42,7 @@ from gpudaemon.kube.lease import lease_path
 LOOKUP_TIMEOUT_S = 1.0
 
 
-def make_policies(cfg: Config) -> dict[str, Policy]:
+def make_policies(cfg: ExtenderSettings) -> dict[str, Policy]:
     """Every registered policy (cluster/policies/), built from the `extender:` section;
     an unknown `extender.policy` is a ConfigError naming the known ones (exit 2)."""
     policy_spec(cfg.extender.policy)
@@ -67,7 +67,7 @@ def observability_only(app: WsgiApp) -> WsgiApp:
 class Extender:
     def __init__(
         self,
-        cfg: Config,
+        cfg: ExtenderSettings,
         client: ListWatchClient | None = None,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,

@@ -30,7 +30,7 @@ from gpudaemon.cluster.reservations import (
     encode,
 )
 from gpudaemon.cluster.selectors import POD_SELECTOR, pending_selector
-from gpudaemon.config import Config
+from gpudaemon.config import RebalancerSettings
 from gpudaemon.errors import BadValueError, ConfigError, KubeError, KubeNotFoundError
 from gpudaemon.httpserver import HttpServer, StartResponse, probe_response, text_response
 from gpudaemon.kube.backoff import Backoff
@@ -188,7 +188,7 @@ class RateLimit:
 class Rebalancer:
     def __init__(
         self,
-        cfg: Config,
+        cfg: RebalancerSettings,
         identity: str,
         client: KubeClient | None = None,
         registry: CollectorRegistry | None = None,
