@@ -20,7 +20,14 @@ from gpudaemon.config.agent import (
     check_history_timeout,
 )
 from gpudaemon.config.environment import ENV_PREFIX, PROCESS_UUID, env_overrides
-from gpudaemon.config.extender import ExtenderConfig, ExtenderSettings, ExtenderTls, TypicalPod
+from gpudaemon.config.extender import (
+    ExtenderConfig,
+    ExtenderSettings,
+    ExtenderTls,
+    PluginsConfig,
+    ScorePluginConfig,
+    TypicalPod,
+)
 from gpudaemon.config.files import check_files, influx_token
 from gpudaemon.config.loading import load_config, load_settings
 from gpudaemon.config.programs import PROGRAMS, Config, StatusSettings
@@ -55,9 +62,11 @@ __all__ = [
     "LabelsConfig",
     "LoggingConfig",
     "MetricsConfig",
+    "PluginsConfig",
     "RebalanceConfig",
     "RebalancerSettings",
     "Schedules",
+    "ScorePluginConfig",
     "StatusSettings",
     "TypicalPod",
     "check_files",

@@ -3,7 +3,7 @@ the model `gpudaemon extender` validates."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, model_validator
 
@@ -47,6 +47,49 @@ class ExtenderTls(_Section):
     @property
     def enabled(self) -> bool:
         return bool(self.cert_file)
+
+
+PluginName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")]
+
+
+class ScorePluginConfig(_Section):
+    name: PluginName
+    # The plug-in's share of the sum: its scores are normalised to 0..100 on the
+    # request's nodes, then multiplied by this (kube-scheduler's rule).
+    weight: Annotated[WholeNumber, Field(ge=1, le=100)] = 1
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_name(cls, v: Any) -> Any:
+        return {"name": v} if isinstance(v, str) else v  # `- binpack`: weight 1
+
+
+class PluginsConfig(_Section):
+    """The extender's plug-ins by name, in order (extender/plugins/). Checked against
+    the plug-in registry when the extender starts, as `policy` is. The defaults are
+    the extender's behaviour before plug-ins existed."""
+
+    # Run in order per node; the first that fails names the node's reason.
+    filter: list[PluginName] = ["fresh", "healthy", "gpu_fit", "reserved"]
+    # `policy`: each pod's own policy (annotation, MIG, `policy` above); a policy's
+    # name: that policy for every pod; or any registered score plug-in.
+    score: Annotated[list[ScorePluginConfig], Field(min_length=1)] = [
+        ScorePluginConfig(name="policy")
+    ]
+    # Run for the node ranked first (assume: count the pod there until it is bound).
+    reserve: list[PluginName] = ["assume"]
+
+    @model_validator(mode="after")
+    def _no_repeats(self) -> PluginsConfig:
+        for kind, names in (
+            ("filter", self.filter),
+            ("score", [s.name for s in self.score]),
+            ("reserve", self.reserve),
+        ):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                raise ValueError(f"{kind}: {', '.join(twice)} named more than once")
+        return self
 
 
 class ExtenderConfig(_Section):
@@ -117,6 +160,8 @@ class ExtenderConfig(_Section):
     pod_lookups_per_second: Annotated[Number, Field(gt=0, le=1000)] = 20.0
     workload_window: Annotated[WholeNumber, Field(ge=1, le=1_000_000)] = 2000
     typical_pods: list[TypicalPod] = []
+    # Filter, score and reserve plug-ins, by name and in order (docs/scheduler.md).
+    plugins: PluginsConfig = PluginsConfig()
 
     @model_validator(mode="after")
     def _budget_holds_one_body(self) -> ExtenderConfig:

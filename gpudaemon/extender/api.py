@@ -23,6 +23,7 @@ from gpudaemon.cluster.clusterstate import ClusterState
 from gpudaemon.cluster.policies.base import Policy
 from gpudaemon.cluster.reservations import LeaseReservations
 from gpudaemon.cluster.state import NodeState, PodShape
+from gpudaemon.config import PluginsConfig
 from gpudaemon.extender.framework import BadPod, Framework, NotReady
 from gpudaemon.extender.metrics import ExtenderMetrics
 from gpudaemon.extender.pods import PodVerifier
@@ -100,6 +101,7 @@ class ExtenderApi:
         verifier: PodVerifier | None = None,
         reservations: LeaseReservations | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        plugins: PluginsConfig | None = None,
     ) -> None:
         self.metrics = ExtenderMetrics(registry)
         self.framework = Framework(
@@ -113,6 +115,7 @@ class ExtenderApi:
             observe=observe,
             verifier=verifier,
             reservations=reservations,
+            plugins=plugins,
         )
         self.ready = ready
         self.clock = clock

@@ -25,6 +25,7 @@ from gpudaemon.config import ExtenderSettings
 from gpudaemon.errors import ConfigError
 from gpudaemon.extender.api import ExtenderApi
 from gpudaemon.extender.metrics import CacheCollector, NodeCollector
+from gpudaemon.extender.plugins import check_plugins
 from gpudaemon.extender.pods import PendingPods, PodVerifier
 from gpudaemon.httpserver import (
     HttpServer,
@@ -44,8 +45,10 @@ LOOKUP_TIMEOUT_S = 1.0
 
 def make_policies(cfg: ExtenderSettings) -> dict[str, Policy]:
     """Every registered policy (cluster/policies/), built from the `extender:` section;
-    an unknown `extender.policy` is a ConfigError naming the known ones (exit 2)."""
+    an unknown `extender.policy` or plug-in name (`extender.plugins`) is a ConfigError
+    naming the known ones (exit 2)."""
     policy_spec(cfg.extender.policy)
+    check_plugins(cfg.extender.plugins)
     return build_policies(cfg.extender)
 
 
@@ -134,6 +137,7 @@ class Extender:
             candidates=ext.candidates,
             verifier=self.verifier,
             reservations=self.reservations,
+            plugins=ext.plugins,
         )
         self.registry.register(ReservationCollector(self.reservations))
         self.registry.register(CacheCollector(self.sizes, self.cache_ages))
