@@ -231,7 +231,7 @@ def main() -> int:
             rb = fleet(n, a.pending, pinned)
 
             def one_pass(rb: Rebalancer = rb) -> float:
-                rb._made_room_for.clear()
+                rb.passes.made_room_for.clear()
                 rb.run_pass()
                 return rb.metrics.evictions.labels("defrag", "planned")._value.get()
 

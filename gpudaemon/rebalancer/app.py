@@ -5,8 +5,9 @@ rebalancer keeps no mirror of its own), plans with `planner`, and, while it hold
 leader Lease and only with --apply, evicts through the Eviction API (so every
 PodDisruptionBudget holds). Every decision is an Event on the pod.
 
-Its parts: `metrics.py` (series), `ratelimit.py`, `state.py` (what the Lease carries),
-`actions.py` (the API calls), `kube.runner` (start, readiness, /metrics, close).
+Its parts: `passes.py` (one pass's decisions and acts), `metrics.py` (series),
+`ratelimit.py`, `state.py` (what the Lease carries), `actions.py` (the API calls), and
+the shared `kube.runner` (start, readiness, /metrics, close).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from gpudaemon.cluster.policies import build_policies, policy_spec
 from gpudaemon.cluster.reservations import REBALANCER_LEASE, Reservation
 from gpudaemon.cluster.selectors import POD_SELECTOR, pending_selector
 from gpudaemon.config import Config
-from gpudaemon.errors import ConfigError, KubeError, KubeNotFoundError
+from gpudaemon.errors import ConfigError
 from gpudaemon.httpserver import HttpServer
 from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import KubeClient, find_credentials
@@ -38,13 +39,10 @@ from gpudaemon.labels.annotations import GpuState, decode_gpus
 from gpudaemon.labels.keys import GPUS_ANNOTATION
 from gpudaemon.rebalancer.actions import Actions
 from gpudaemon.rebalancer.metrics import RebalancerMetrics
+from gpudaemon.rebalancer.passes import Pass
 from gpudaemon.rebalancer.planner import (
-    Decision,
     NodeFacts,
-    Placer,
     PodFacts,
-    defragment,
-    drain,
     node_facts,
     pod_facts,
 )
@@ -53,12 +51,6 @@ from gpudaemon.rebalancer.state import STATE_ANNOTATION, LeaseState
 from gpudaemon.selector import selector_matcher
 
 LEASE_NAME = REBALANCER_LEASE
-# A pod its room was made for and that stays unschedulable is not made room for again
-# until this has passed, doubled for each further try, up to the cap; at most this many
-# pods are remembered (the oldest go first). Kept in memory only: a restart forgets it.
-ROOM_BACKOFF_S = 600.0
-ROOM_BACKOFF_MAX_S = 6 * 3600.0
-MAX_BACKOFF_PODS = 10_000
 
 
 class Rebalancer:
@@ -101,9 +93,6 @@ class Rebalancer:
         self.product_label = self.cluster.product_label
         self._lock = threading.Lock()  # guards `pending`
         self.pending: dict[str, PodFacts] = {}  # by UID: this scheduler's unbound pods
-        self._made_room_for: dict[str, float] = {}  # pending UID -> when its plan ran
-        self._room_tries: dict[str, int] = {}  # pending UID -> plans run for it
-        self.namespaces = frozenset(self.rb.namespaces)  # empty: every namespace
         self.limits = RateLimit(
             self.rb.max_evictions_per_minute, self.rb.max_evictions_per_node, clock
         )
@@ -114,6 +103,10 @@ class Rebalancer:
             self.rb.lease_duration_s, wall=wall, clock=clock,
             state_key=STATE_ANNOTATION, save=self.state.save, load=self.state.load,
             annotations=self._lease_annotations,
+        )  # fmt: skip
+        self.passes = Pass(
+            self.rb, self.policy, self.metrics, self.actions, self.state, self.elector,
+            self._pending_uids, clock,
         )  # fmt: skip
         cap = cfg.kubernetes.backoff_max_seconds
         c = self.cluster
@@ -175,27 +168,14 @@ class Rebalancer:
 
     # -- state kept on the Lease -----------------------------------------------------
 
-    def _live_reservations(self) -> list[Reservation]:
-        """Drop the reservations whose pod is bound or gone, or whose time ran out."""
+    def _pending_uids(self) -> frozenset[str]:
         with self._lock:
-            return self.state.live_reservations(self.pending)
+            return frozenset(self.pending)
 
     def _lease_annotations(self) -> dict[str, str]:
         """Written with every Lease write: the reservations the extender honours."""
         with self._lock:
             return self.state.annotations(self.pending)
-
-    def _commit(self, node: str, count: int) -> bool:
-        """Write evictions into the Lease before making them, and make sure we still
-        lead: a crash right after them still counts them, and a replica that lost the
-        Lease evicts nothing. False: do not evict."""
-        for _ in range(count):
-            self.limits.record(node)
-        if self.elector.checkpoint():
-            return True
-        for _ in range(count):
-            self.limits.forget(node)
-        return False
 
     # -- a pass ---------------------------------------------------------------------
 
@@ -219,185 +199,9 @@ class Rebalancer:
         nodes, gpu_states, running = self.facts()
         with self._lock:
             pending = sorted(self.pending.values(), key=lambda p: (-p.priority, p.key))
-        names = list(nodes)
-        snap = self.cluster.snapshot(names)
-        blocked = 0
-        blocked += self._drain(gpu_states, running, snap.fresh)
-        blocked += self._defragment(pending, snap.states, snap.fresh, nodes, running)
+        snap = self.cluster.snapshot(list(nodes))
+        blocked = self.passes.run(nodes, gpu_states, running, pending, snap.states, snap.fresh)
         self.metrics.blocked.set(blocked)
-
-    def _drain(
-        self, gpu_states: Mapping[str, list[GpuState]], running: Mapping[str, PodFacts],
-        fresh: Mapping[str, bool],
-    ) -> int:  # fmt: skip
-        sick = self.state.sick_gpus(gpu_states)
-        blocked = 0
-        for d in drain(sick, running, fresh, self.rb.grace_s):
-            if not d.evict:
-                blocked += 1
-                if self.actions.event(
-                    d.pod, "RebalanceSkipped", d.message, warning=True, dedupe=d.reason
-                ):
-                    self.metrics.skipped.labels("drain", d.reason).inc()  # once per pod
-                continue
-            if not self._evict(d, self.limits.allows(d.pod.node)):
-                blocked += 1
-        return blocked
-
-    def _defragment(
-        self, pending: list[PodFacts], states: Mapping[str, Any], fresh: Mapping[str, bool],
-        nodes: Mapping[str, NodeFacts], running: Mapping[str, PodFacts],
-    ) -> int:  # fmt: skip
-        by_node: dict[str, list[PodFacts]] = {}
-        for p in running.values():
-            by_node.setdefault(p.node, []).append(p)
-        now = self.clock()
-        cooldown = max(2 * self.rb.interval_s, 30.0)  # its evictions still settling
-        self._forget_rooms({p.uid for p in pending})
-        placer = Placer(states, fresh, nodes, self.policy, by_node)
-        for pod in pending:
-            if pod.shape.gpus <= 0 or pod.shape.mig or pod.gang or not pod.unschedulable:
-                continue  # not a pod defragmentation makes room for
-            if pod.uid in self._made_room_for:
-                tries = self._room_tries.get(pod.uid, 1)
-                wait = min(ROOM_BACKOFF_S * 2 ** (tries - 1), ROOM_BACKOFF_MAX_S)
-                left = self._made_room_for[pod.uid] + wait - now
-                if left > 0:
-                    if now - self._made_room_for[pod.uid] >= cooldown:  # settled, still pending
-                        msg = (f"room was made for it {tries} time(s) and it is still "
-                               f"unschedulable; not again for {left:.0f} s")  # fmt: skip
-                        self._skip(pod, "backoff", msg)
-                    continue  # its evictions are still settling, or it is backing off
-            if self._refuse(pod, placer):
-                continue
-            plan = defragment(pod, states, fresh, nodes, by_node, self.policy, placer)
-            if plan is None:
-                continue
-            victims = ", ".join(v.key for v in plan.victims)
-            if not self.limits.allows(plan.node, len(plan.victims)):
-                self.metrics.skipped.labels("defrag", "rate_limited").inc()
-                msg = (f"room for it on {plan.node} needs {len(plan.victims)} evictions "
-                       f"({victims}); over the rate limit now")  # fmt: skip
-                self.actions.event(
-                    pod, "RebalanceSkipped", msg, warning=True, dedupe="rate_limited"
-                )
-                return len(plan.victims)
-            refused = [(v, r) for v in plan.victims if (r := self.actions.eviction_refused(v))]
-            if refused:
-                who, why = refused[0]
-                self.metrics.skipped.labels("defrag", why).inc()
-                what = "a PodDisruptionBudget protects" if why == "refused_pdb" else "cannot evict"
-                msg = f"room for it on {plan.node} needs evicting {victims}; {what} {who.key}"
-                self.actions.event(pod, "RebalanceSkipped", msg, warning=True, dedupe=why)
-                return len(plan.victims)
-            if not self.rb.dry_run and not self._reserve(pod, plan.node):
-                self.metrics.skipped.labels("defrag", "max_reservations").inc()
-                return len(plan.victims)
-            if not self.rb.dry_run and not self._commit(plan.node, len(plan.victims)):
-                self.reservations.pop(pod.uid, None)
-                return len(plan.victims)  # lost the Lease: the new leader decides
-            kept = None if self.rb.dry_run else self.reservations.get(pod.uid)
-            if kept is not None:  # the note on the pod too, for people
-                self.actions.mirror(pod, plan.node, kept.until)
-            verb = "would make" if self.rb.dry_run else "making"
-            where = ", ".join(plan.targets)
-            msg = f"{verb} room on {plan.node} by evicting {victims} (each fits now on: {where})"
-            self.actions.event(pod, "RebalanceDefragment", msg)
-            for v, target in zip(plan.victims, plan.targets, strict=True):
-                msg = (f"to make room on {plan.node} for {pod.key} ({pod.shape.gpus} GPUs), "
-                       f"which fits nowhere now; this pod fits on {target}")  # fmt: skip
-                self._evict(Decision(v, "defrag", "make_room", msg, True), True, committed=True)
-            self._made_room_for[pod.uid] = now
-            self._room_tries[pod.uid] = self._room_tries.get(pod.uid, 0) + 1
-            return 0  # one plan per pass: let the scheduler settle first
-        return 0
-
-    def _refuse(self, pod: PodFacts, placer: Placer) -> str:
-        """The reason no room is made for `pod` at all ("" when it may be): another
-        scheduler's pod, a namespace not in rebalance.namespaces, a pod no node could
-        run even emptied, or one whose placement the caches cannot foresee."""
-        if pod.scheduler != self.rb.scheduler_name:  # the watch selects them; a guard
-            self._skip(pod, "scheduler", f"it is for scheduler {pod.scheduler!r}", event=False)
-            return "scheduler"
-        if self.namespaces and pod.namespace not in self.namespaces:
-            # No Event: the rebalancer writes nothing in namespaces it does not serve.
-            self._skip(pod, "namespace", "its namespace is not in rebalance.namespaces",
-                       event=False)  # fmt: skip
-            return "namespace"
-        refused = placer.refusal(pod)
-        if refused is None:
-            return ""
-        self._skip(pod, refused.reason, f"no room made for it: {refused.message}")
-        return refused.reason
-
-    def _skip(self, pod: PodFacts, reason: str, message: str, event: bool = True) -> None:
-        """Count a pending pod left alone, once per EVENT_REPEAT_S, with an Event."""
-        if event:
-            if self.actions.event(pod, "RebalanceSkipped", message, warning=True, dedupe=reason):
-                self.metrics.skipped.labels("defrag", reason).inc()
-            return
-        if self.actions.once((pod.uid, reason)):
-            self.metrics.skipped.labels("defrag", reason).inc()
-            logger.debug("rebalancer: not making room for {}: {}", pod.key, message)
-
-    def _forget_rooms(self, pending: set[str]) -> None:
-        """Back-off state for pods still pending only, and at most MAX_BACKOFF_PODS."""
-        for uid in [u for u in self._made_room_for if u not in pending]:
-            del self._made_room_for[uid]
-        if len(self._made_room_for) > MAX_BACKOFF_PODS:
-            oldest = sorted(self._made_room_for, key=self._made_room_for.__getitem__)
-            for uid in oldest[: len(oldest) - MAX_BACKOFF_PODS]:
-                del self._made_room_for[uid]
-        for uid in [u for u in self._room_tries if u not in self._made_room_for]:
-            del self._room_tries[uid]
-        self.actions.forget_told()
-
-    # -- acting ---------------------------------------------------------------------
-
-    def _reserve(self, pod: PodFacts, node: str) -> bool:
-        """Keep the room made on `node` for the pending pod; False: do not evict."""
-        with self._lock:
-            return self.state.reserve(
-                Reservation(pod.uid, pod.key, node, pod.shape.gpus, pod.priority, 0.0),
-                self.pending, self.rb.reserve_s, self.rb.max_reservations,
-            )  # fmt: skip
-
-    def _evict(self, d: Decision, allowed: bool, committed: bool = False) -> bool:
-        """Evict (or, dry-run, say it would); True when done or planned. `committed`:
-        already written into the Lease's rate-limit window by the caller."""
-        pod = d.pod
-        if self.rb.dry_run:
-            msg = f"dry run: would evict: {d.message}"
-            if self.actions.event(pod, "RebalanceWouldEvict", msg, dedupe="would"):
-                self.metrics.evictions.labels(d.kind, "planned").inc()  # once per pod
-                logger.info("rebalancer (dry run): would evict {}: {}", pod.key, d.message)
-            return True
-        if not allowed:
-            self.metrics.skipped.labels(d.kind, "rate_limited").inc()
-            msg = f"{d.message}; over the rate limit now, later"
-            self.actions.event(pod, "RebalanceSkipped", msg, warning=True, dedupe="rate_limited")
-            return False
-        if not committed and not self._commit(pod.node, 1):
-            return False  # lost the Lease during the pass: the new leader decides
-        try:
-            self.actions.evict(pod)
-        except KubeNotFoundError:
-            self.limits.forget(pod.node)
-            return True  # gone already
-        except KubeError as e:
-            self.limits.forget(pod.node)  # not evicted: it does not count
-            if e.status == 429:
-                self.metrics.evictions.labels(d.kind, "refused_pdb").inc()
-                msg = f"{d.message}; a PodDisruptionBudget does not allow it now, retried later"
-                self.actions.event(pod, "RebalanceRefused", msg, warning=True, dedupe="pdb")
-            else:
-                self.metrics.evictions.labels(d.kind, "failed").inc()
-                logger.warning("rebalancer: evicting {} failed: {}", pod.key, e)
-            return False
-        self.metrics.evictions.labels(d.kind, "done").inc()
-        logger.info("rebalancer: evicted {}: {}", pod.key, d.message)
-        self.actions.event(pod, "RebalanceEvicted", d.message)
-        return True
 
     def ready(self) -> tuple[bool, str]:
         return self.runner.ready()
