@@ -178,3 +178,15 @@ def test_the_check_sees_a_lazy_back_arrow(tmp_path: Path) -> None:
     f.write_text("def f():\n    from gpudaemon.extender.app import Extender\n")
     assert "gpudaemon.extender.app" in gpudaemon_imports(f)
     assert layer_of("gpudaemon.extender.app") not in ALLOWED["rebalancer"]
+
+
+@pytest.mark.parametrize("name", ["planner", "fits"])
+def test_the_rebalancers_rules_stay_pure(name: str) -> None:
+    """planner.py and fits.py decide; they never reach the API, the HTTP server, the
+    series or the wiring (app, passes, actions, state, metrics, ratelimit)."""
+    mods = imported_modules(PKG / "rebalancer" / f"{name}.py")
+    impure = ("gpudaemon.kube", "gpudaemon.httpserver", "prometheus_client", "loguru")
+    assert not [m for m in mods if m.startswith(impure)]
+    assert {m for m in mods if m.startswith("gpudaemon.rebalancer")} <= {
+        "gpudaemon.rebalancer.fits"
+    }
