@@ -46,8 +46,9 @@ class Counters:
 
     def add(self, rates_mib_s: Mapping[tuple[str, str], float], seconds: float) -> None:
         for key, rate in rates_mib_s.items():
-            if rate >= 0.0 and seconds > 0.0:  # a negative rate is not traffic
-                self.bytes_total[key] = self.bytes_total.get(key, 0.0) + rate * MIB * seconds
+            if rate >= 0.0:  # a negative rate is not traffic; the counter exists from here
+                added = rate * MIB * max(0.0, seconds)
+                self.bytes_total[key] = self.bytes_total.get(key, 0.0) + added
 
     def of(self, kind: str) -> dict[str, int]:
         return {d: int(v) for (k, d), v in sorted(self.bytes_total.items()) if k == kind}

@@ -709,9 +709,9 @@ class NvmlBackend:
             raise
         return _GpmPair(prev=first, cur=second, metrics=self._nvml.c_nvmlGpmMetricsGet_t())
 
-    def _gpm_free(self, i: int, gi: int | None | bool = True) -> None:
-        """Free GPU i's GPM sample buffers: one GPU instance's, or (True) all of them."""
-        for key in [k for k in self._gpm if k[0] == i and (gi is True or k[1] == gi)]:
+    def _gpm_free(self, i: int, gi: int | None = None) -> None:
+        """Free GPU i's GPM sample buffers: one GPU instance's, or (None) all of them."""
+        for key in [k for k in self._gpm if k[0] == i and (gi is None or k[1] == gi)]:
             pair = self._gpm.pop(key)
             self._gpm_release(pair.prev)
             self._gpm_release(pair.cur)
