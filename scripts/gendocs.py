@@ -489,7 +489,14 @@ def values_schema() -> str:
                     "labels": STRMAP,
                 }
             ),
-            "prometheusRule": obj({"enabled": B, "force": B, "labels": STRMAP}),
+            "prometheusRule": obj(
+                {
+                    "enabled": B,
+                    "force": B,
+                    "labels": STRMAP,
+                    "optional": obj({"idleButAllocated": B}),
+                }
+            ),
             "dashboards": obj(
                 {
                     "enabled": B,
