@@ -31,14 +31,18 @@ CPU_NODES = [f"cpu-{i}" for i in range(2)]
 PROM_OPERATOR = "github.com/prometheus-operator/prometheus-operator@v0.85.0"
 
 
-# The binaries scripts/test-tools installs: `helm` is Helm 4, `helm3` Helm 3.
-HELMS = ("helm", "helm3")
+# The binaries scripts/test-tools installs, and their Helm major.
+HELMS = {"helm": 4, "helm3": 3}
 
 
-@pytest.fixture(scope="session", params=HELMS)
+@pytest.fixture(scope="session", params=list(HELMS))
 def helm(request: pytest.FixtureRequest, tools_bin: Path) -> str:
     path = tools_bin / request.param
     assert path.is_file(), f"{path} missing: scripts/test-tools {request.param} builds it"
+    # An older tools directory has Helm 3 as `helm`: then Helm 4 would go untested.
+    assert helm_major(str(path)) == HELMS[request.param], (
+        f"{path} is not Helm {HELMS[request.param]}"
+    )
     return str(path)
 
 
