@@ -57,6 +57,9 @@ _NEVER = float("-inf")  # fresh until: no Lease vouches for the node
 class Snapshot:
     states: dict[str, NodeState | None]
     fresh: dict[str, bool]
+    # Nodes with a free degraded GPU (of all nodes, not only those named): when none,
+    # ranking skips the healthy-GPU preference entirely.
+    degraded: frozenset[str] = frozenset()
 
 
 class NodeListener(Protocol):
@@ -171,6 +174,7 @@ class ClusterState:
         # node -> why its agent data is unreadable (never fresh while it is listed), and
         # (key, value) last logged for it, so a value is logged and counted once.
         self._bad: dict[str, str] = {}
+        self._degraded: set[str] = set()  # nodes with gpus_degraded_free > 0
         self._bad_seen: dict[str, tuple[str, int]] = {}
         self.bad_values: dict[str, int] = {}  # key -> unreadable values seen
 
@@ -192,6 +196,7 @@ class ClusterState:
             self._node_uids.clear()
             self._states.clear()
             self._bad.clear()
+            self._degraded.clear()
             for obj in items:
                 self._put_node(obj)
             for name in gone - set(self._nodes):
@@ -209,6 +214,7 @@ class ClusterState:
                 self._node_uids.pop(name, None)
                 self._states.pop(name, None)
                 self._bad.pop(name, None)
+                self._degraded.discard(name)
                 self._bad_seen.pop(name, None)
                 for listener in self._node_listeners:
                     listener.forget_node(name)
@@ -236,6 +242,10 @@ class ClusterState:
         else:
             self._note_good(name)
         self._nodes[name] = st
+        if st.gpus_degraded_free:
+            self._degraded.add(name)
+        else:
+            self._degraded.discard(name)
         self._node_uids[name] = str(meta.get("uid", ""))
         self._states.pop(name, None)
         for listener in self._node_listeners:
@@ -251,7 +261,7 @@ class ClusterState:
         p = self.prefix
         has_agent = (p + GPU_COUNT) in labels
         count = healthy = unhealthy = 0
-        utilization = None
+        utilization, degraded = None, 0
         if agent and has_agent:
             count = count_label(labels[p + GPU_COUNT], GPU_COUNT)
             healthy = _count(labels, p + GPU_HEALTHY, count)
@@ -259,7 +269,7 @@ class ClusterState:
             # `gpu.count` counts MIG devices, so count - healthy would be wrong there.
             unhealthy = _count(labels, p + GPU_UNHEALTHY, max(0, count - healthy))
         if agent:
-            utilization = _mean_utilization(
+            utilization, degraded = _gpu_facts(
                 (meta.get("annotations") or {}).get(p + GPUS_ANNOTATION)
             )
         mig = tuple(
@@ -280,6 +290,7 @@ class ClusterState:
             cpu_allocatable_milli=int(_q(alloc.get("cpu")) * 1000),
             memory_allocatable_bytes=int(_q(alloc.get("memory"))),
             utilization_ratio=utilization,
+            gpus_degraded_free=degraded,
             has_agent_labels=has_agent,
             gpus_total=count,
             bad_data=bad,
@@ -536,7 +547,8 @@ class ClusterState:
         request judges one consistent cluster (not states from before an event and
         freshness from after it)."""
         with self._lock:
-            return Snapshot(self.states(names), self.freshness(names))
+            degraded = frozenset(self._degraded) if self._degraded else frozenset()
+            return Snapshot(self.states(names), self.freshness(names), degraded)
 
     def freshness(self, names: Iterable[str]) -> dict[str, bool]:
         """`fresh` for many nodes under one lock (the per-request path)."""
@@ -587,12 +599,13 @@ def _count(labels: Obj, key: str, default: int) -> int:
     return default if v is None else count_label(v, key.rpartition("/")[2])
 
 
-def _mean_utilization(annotation: object) -> float | None:
-    """Mean `utilization_pct` of the agent's `gpus` annotation, as a ratio (read with
-    the annotation's own bounded decoder, next to its encoder). Absent: None;
-    unreadable: BadValueError."""
+def _gpu_facts(annotation: object) -> tuple[float | None, int]:
+    """(mean `utilization_pct` as a ratio, degraded GPUs no pod holds) of the agent's
+    `gpus` annotation, read with its own bounded decoder (next to its encoder, which
+    checks `state`). Absent: (None, 0); unreadable: BadValueError."""
     if annotation is None:
-        return None
+        return None, 0
     gpus = decode_gpus(annotation)
     vals = [g.utilization_pct for g in gpus if g.utilization_pct is not None]
-    return sum(vals) / len(vals) / 100.0 if vals else None
+    degraded = sum(1 for g in gpus if g.state == "degraded" and not g.pods)
+    return (sum(vals) / len(vals) / 100.0 if vals else None), degraded

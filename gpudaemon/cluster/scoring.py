@@ -126,6 +126,34 @@ def gang_scores(
     return out
 
 
+# Any pod's score when some node has a free degraded GPU: (the node can give the pod
+# enough free GPUs that are not degraded, its score as before). Compared first, as the
+# gang tiers are, and for the same reason: a preference that must win whatever the
+# policies' spread (issue 30).
+HealthScore = tuple[bool, Any]
+
+
+def prefer_healthy(
+    ranked: Mapping[str, Score],
+    states: Mapping[str, NodeState | None],
+    degraded: Collection[str],
+    gpus: int,
+) -> Mapping[str, Score] | dict[str, HealthScore]:
+    """A node that can give the pod `gpus` free GPUs that are not degraded ranks above
+    one that would have to use a degraded GPU; within each group, the order of `ranked`
+    (the policy's, or a gang's tiers). `degraded`: the nodes with a free degraded GPU.
+    When none of them is ranked (or the pod wants no whole GPU), `ranked` comes back
+    unchanged: the same answers as without this, at the cost of one set lookup per
+    degraded node."""
+    if gpus <= 0 or not degraded or not any(n in ranked for n in degraded):
+        return ranked
+    out: dict[str, HealthScore] = {}
+    for name, v in ranked.items():
+        st = states.get(name)
+        out[name] = (name not in degraded or st is None or st.clean_fit(gpus), v)
+    return out
+
+
 class Scorer(Protocol):
     """What the memo scores with: a policy, or any score plug-in's scorer (only the
     order of raw scores matters; `scores_version` moves when the same node and pod may
@@ -206,6 +234,7 @@ __all__ = [
     "MAX_SCORE",
     "Gang",
     "GangScore",
+    "HealthScore",
     "Rejection",
     "ScoreMemo",
     "Scorer",
@@ -213,6 +242,7 @@ __all__ = [
     "best_nodes",
     "check_node",
     "gang_scores",
+    "prefer_healthy",
     "rank",
     "to_levels",
 ]
