@@ -41,12 +41,15 @@ from gpudaemon.kube.lease import lease_path, micro_time
 from gpudaemon.labels.annotations import GpuState, decode_gpus
 from gpudaemon.labels.keys import GPUS_ANNOTATION
 from gpudaemon.rebalancer.planner import (
+    DRAIN_ACTIONS,
     Decision,
     NodeFacts,
     Placer,
     PodFacts,
+    SickGpu,
     defragment,
     drain,
+    drain_action,
     node_facts,
     pod_facts,
 )
@@ -94,6 +97,13 @@ class RebalancerMetrics:
             ["kind", "reason"],
             registry=registry,
         )
+        self.drains = Counter(
+            "gpudaemon_rebalancer_drain_evictions",
+            "Drain evictions by the GPU's action (drain, reset_gpu, reboot_node, replace) "
+            "and result (as gpudaemon_rebalancer_evictions_total's).",
+            ["action", "result"],
+            registry=registry,
+        )
         self.blocked = Gauge(
             "gpudaemon_rebalancer_blocked_pods",
             "Pods the last pass wanted to evict but could not (PDB, rate limit, bare pod, "
@@ -127,6 +137,14 @@ class RebalancerMetrics:
                 self.skipped.labels(kind, s)
         for s in DEFRAG_SKIPS:
             self.skipped.labels("defrag", s)
+        for a in DRAIN_ACTIONS:
+            for r in RESULTS:
+                self.drains.labels(a, r)
+
+    def evicted(self, d: Decision, result: str) -> None:
+        self.evictions.labels(d.kind, result).inc()
+        if d.action:
+            self.drains.labels(d.action, result).inc()
 
 
 class RateLimit:
@@ -428,12 +446,12 @@ class Rebalancer:
         sick, seen = [], set()
         for node, gpus in gpu_states.items():
             for g in gpus:
-                if g.healthy:
+                if not drain_action(g):  # healthy, degraded (watch): left alone
                     continue
                 key = (node, g.uuid)
                 seen.add(key)
                 since = self._unhealthy_since.setdefault(key, now)
-                sick.append((node, g.index, g.reason or "unhealthy", now - since, g.pods))
+                sick.append(SickGpu.of(node, g, now - since))
         for key in set(self._unhealthy_since) - seen:
             del self._unhealthy_since[key]  # healthy again, or gone: the grace starts over
         blocked = 0
@@ -617,7 +635,7 @@ class Rebalancer:
         if self.rb.dry_run:
             msg = f"dry run: would evict: {d.message}"
             if self._event(pod, "RebalanceWouldEvict", msg, dedupe="would"):
-                self.metrics.evictions.labels(d.kind, "planned").inc()  # once per pod
+                self.metrics.evicted(d, "planned")  # once per pod
                 logger.info("rebalancer (dry run): would evict {}: {}", pod.key, d.message)
             return True
         if not allowed:
@@ -635,14 +653,14 @@ class Rebalancer:
         except KubeError as e:
             self.limits.forget(pod.node)  # not evicted: it does not count
             if e.status == 429:
-                self.metrics.evictions.labels(d.kind, "refused_pdb").inc()
+                self.metrics.evicted(d, "refused_pdb")
                 msg = f"{d.message}; a PodDisruptionBudget does not allow it now, retried later"
                 self._event(pod, "RebalanceRefused", msg, warning=True, dedupe="pdb")
             else:
-                self.metrics.evictions.labels(d.kind, "failed").inc()
+                self.metrics.evicted(d, "failed")
                 logger.warning("rebalancer: evicting {} failed: {}", pod.key, e)
             return False
-        self.metrics.evictions.labels(d.kind, "done").inc()
+        self.metrics.evicted(d, "done")
         logger.info("rebalancer: evicted {}: {}", pod.key, d.message)
         self._event(pod, "RebalanceEvicted", d.message)
         return True
