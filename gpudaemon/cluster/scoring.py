@@ -138,19 +138,37 @@ def prefer_healthy(
     states: Mapping[str, NodeState | None],
     degraded: Collection[str],
     gpus: int,
-) -> Mapping[str, Score] | dict[str, HealthScore]:
+) -> Mapping[str, Any]:
     """A node that can give the pod `gpus` free GPUs that are not degraded ranks above
     one that would have to use a degraded GPU; within each group, the order of `ranked`
     (the policy's, or a gang's tiers). `degraded`: the nodes with a free degraded GPU.
-    When none of them is ranked (or the pod wants no whole GPU), `ranked` comes back
-    unchanged: the same answers as without this, at the cost of one set lookup per
-    degraded node."""
-    if gpus <= 0 or not degraded or not any(n in ranked for n in degraded):
+    When none of them has to be demoted (or the pod wants no whole GPU), `ranked` comes
+    back unchanged: the same answers as without this, at the cost of one lookup per
+    degraded node.
+
+    A policy's raw scores (floats) are not made tuples: the few demoted nodes are moved
+    below the lowest score, keeping their order (x - lo is monotonic), so the other
+    nodes keep their exact values and ranking compares floats, not 5,000 tuples. A
+    gang's tuples get the tier in front (`HealthScore`)."""
+    if gpus <= 0 or not degraded:
         return ranked
-    out: dict[str, HealthScore] = {}
-    for name, v in ranked.items():
-        st = states.get(name)
-        out[name] = (name not in degraded or st is None or st.clean_fit(gpus), v)
+    demoted = [
+        n
+        for n in degraded
+        if n in ranked and (st := states.get(n)) is not None and not st.clean_fit(gpus)
+    ]
+    if not demoted:
+        return ranked
+    if isinstance(ranked[demoted[0]], tuple):
+        low = set(demoted)
+        return {n: (n not in low, v) for n, v in ranked.items()}
+    values: list[float] = list(ranked.values())  # type: ignore[arg-type]
+    lo, hi = min(values), max(values)
+    gap = max(1.0, abs(lo) * 1e-9)  # 1 would vanish below a huge score
+    below = lo - gap - (hi - lo)  # every demoted score lands in [below, lo - gap]
+    out: dict[str, float] = dict(ranked)  # type: ignore[arg-type]
+    for n in demoted:
+        out[n] = below + (out[n] - lo)
     return out
 
 
