@@ -56,8 +56,8 @@ from gpudaemon.extender.api import ExtenderApi
 from gpudaemon.extender.app import make_policies
 from gpudaemon.extender.pods import PendingPods, PodVerifier
 from gpudaemon.httpserver import HttpServer
-from gpudaemon.kube.lease import micro_time
 from gpudaemon.labels import NodeLabeler
+from tests.kubeobjects import lease_obj, node_obj, pod_obj
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -75,73 +75,7 @@ def agent_metadata(seed: int) -> tuple[dict[str, str], dict[str, str]]:
     return dict(ls.labels), dict(ls.annotations)
 
 
-def node_obj(name: str, labels: dict[str, str], ann: dict[str, str]) -> dict[str, Any]:
-    alloc = {"nvidia.com/gpu": "8", "cpu": "224", "memory": "2Ti", "pods": "110"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "uid": name,
-            "labels": {**labels, "kubernetes.io/hostname": name},
-            "annotations": ann,
-        },
-        "status": {
-            "capacity": alloc,
-            "allocatable": alloc,
-            "conditions": [
-                {"type": "Ready", "status": "True", "reason": "Bench", "message": "plain"}
-            ],
-        },
-    }
-
-
-def lease_obj(name: str, uid: str | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": "gpudaemon"}
-    if uid:
-        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid}]
-    return {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": meta,
-        "spec": {
-            "holderIdentity": "bench",
-            "leaseDurationSeconds": 3600,
-            "renewTime": micro_time(time.time()),
-        },
-    }
-
-
 UNVERIFIED = "gpudaemon_extender_unverified_pods_total{"  # pods not booked (issue 17)
-
-
-def pod_obj(
-    name: str,
-    gpus: int,
-    node: str = "",
-    scheduler: str = "gpudaemon-scheduler",
-    labels: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    res = {"nvidia.com/gpu": str(gpus), "cpu": "1", "memory": "4Gi"}
-    spec: dict[str, Any] = {
-        "schedulerName": scheduler,
-        "containers": [
-            {
-                "name": "c",
-                "image": "example.invalid/x",
-                "resources": {"requests": res, "limits": {"nvidia.com/gpu": str(gpus)}},
-            }
-        ],
-    }
-    if node:
-        spec["nodeName"] = node
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "uid": name, "namespace": "default", "labels": labels or {}},
-        "spec": spec,
-        "status": {"phase": "Running"},
-    }
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -45,12 +45,13 @@ import orjson
 import yaml
 from loguru import logger
 
-from bench.extender import SCHED_CONFIG, cpu_s, pod_obj
+from bench.extender import SCHED_CONFIG, cpu_s
 from bench.simagent import SimAgent
 from bench.table import print_table
 from gpudaemon.kube.client import Credentials, KubeClient
 from gpudaemon.kube.lease import renew_period_s
 from tests.integration.kube.controlplane import RBAC, ControlPlane
+from tests.kubeobjects import pod_obj
 from tests.support import REPO, free_port, scrape, tools_bin, wait_for
 
 ALLOC = {"nvidia.com/gpu": "8", "cpu": "224", "memory": "2Ti", "pods": "110"}

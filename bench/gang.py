@@ -35,8 +35,9 @@ from typing import Any
 
 import yaml
 
-from bench.extender import SCHED_CONFIG, agent_metadata, lease_obj, node_obj, pod_obj
+from bench.extender import SCHED_CONFIG, agent_metadata
 from bench.table import print_table
+from tests.kubeobjects import lease_obj, node_obj, pod_obj
 
 REPO = Path(__file__).resolve().parent.parent
 GANG_LABEL = "scheduling.x-k8s.io/pod-group"

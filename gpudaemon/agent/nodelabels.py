@@ -5,61 +5,23 @@ vouches for them."""
 from __future__ import annotations
 
 import contextlib
-import os
-import random
-import threading
-import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any
 
 from loguru import logger
 
-from gpudaemon.agent.nodehealth import NodeHealthWriter
+from gpudaemon.agent.nodelease import LeaseHeartbeat
+from gpudaemon.agent.nodesync import FRESH_SINCE, _uid, in_sync, owned_keys
 from gpudaemon.agent.nodewatch import NodeWatch, resource_version
-from gpudaemon.errors import KubeError, KubeNotFoundError, SinkError
-from gpudaemon.kube.backoff import Backoff
-from gpudaemon.kube.client import FIELD_MANAGER, Credentials, KubeClient
-from gpudaemon.kube.lease import LeaseRenewer, micro_time, renew_cron
-from gpudaemon.labels import GpuHealth, Labels, LabelSet
-from gpudaemon.labels.sanitize import DEFAULT_PREFIX
-from gpudaemon.logsetup import LogLimiter
+from gpudaemon.errors import KubeError, SinkError
+from gpudaemon.kube.lease import renew_cron
+from gpudaemon.labels import Labels, LabelSet
 from gpudaemon.schedule import Job
 
-FRESH_SINCE = "fresh-since"
-
-if TYPE_CHECKING:
-    from gpudaemon.agent.metrics.selfmetrics import AgentMetrics
-    from gpudaemon.config import KubernetesConfig
+__all__ = ["FRESH_SINCE", "NodeLabelSink", "in_sync", "owned_keys"]
 
 
-def owned_keys(node: Mapping[str, Any], manager: str = FIELD_MANAGER) -> tuple[set[str], set[str]]:
-    """Label and annotation keys the manager's Apply owns, from managedFields."""
-    labels: set[str] = set()
-    ann: set[str] = set()
-    for entry in node.get("metadata", {}).get("managedFields") or []:
-        if entry.get("manager") != manager or entry.get("operation") != "Apply":
-            continue
-        meta = (entry.get("fieldsV1") or {}).get("f:metadata", {})
-        labels |= {k[2:] for k in meta.get("f:labels", {}) if k.startswith("f:")}
-        ann |= {k[2:] for k in meta.get("f:annotations", {}) if k.startswith("f:")}
-    return labels, ann
-
-
-def in_sync(node: Mapping[str, Any], desired: Mapping[str, Mapping[str, str]]) -> bool:
-    """True when the Node holds exactly our desired keys, owned by us, with our values."""
-    meta = node.get("metadata", {})
-    labels, ann = meta.get("labels") or {}, meta.get("annotations") or {}
-    own_l, own_a = owned_keys(node)
-    want_l, want_a = desired["labels"], desired["annotations"]
-    return (
-        own_l == set(want_l)
-        and own_a == set(want_a)
-        and all(labels.get(k) == v for k, v in want_l.items())
-        and all(ann.get(k) == v for k, v in want_a.items())
-    )
-
-
-class NodeLabelSink:
+class NodeLabelSink(LeaseHeartbeat):
     """Keeps the agent's labels and `<prefix>gpus` annotation on its own Node, and renews
     its freshness Lease.
 
@@ -80,91 +42,6 @@ class NodeLabelSink:
     """
 
     name = "apiserver"
-
-    def __init__(
-        self,
-        k: KubernetesConfig,
-        node: str,
-        creds: Credentials | None,
-        metrics: AgentMetrics,
-        *,
-        client: KubeClient | None = None,
-        clock: Callable[[], float] = time.time,
-        rng: Callable[[], float] = random.random,
-        prefix: str = DEFAULT_PREFIX,
-        taint_unhealthy: bool = False,
-    ) -> None:
-        if client is None:
-            if creds is None:
-                raise SinkError("no Kubernetes credentials")
-            client = KubeClient.from_credentials(
-                creds, k.request_timeout_seconds, k.connect_timeout_seconds
-            )
-        self.client = client
-        self.node = node
-        self.metrics = metrics
-        self.clock = clock
-        self.backoff = Backoff(1.0, k.backoff_max_seconds, rng)
-        self.resync_s = k.resync_seconds
-        self.lease = LeaseRenewer(
-            client,
-            k.lease_namespace,
-            self.node,
-            k.lease_duration_seconds,
-            holder=f"{k.holder_identity}/{os.getpid()}",
-            clock=clock,
-        )
-        self.health = NodeHealthWriter(client, node, prefix, taint=taint_unhealthy, clock=clock)
-        self._unhealthy: tuple[GpuHealth, ...] = ()  # unhealthy and degraded GPUs
-        self._gpus = 0
-        self.fresh: Callable[[], bool] = lambda: True
-        # Called with the Node whenever a reconcile reads it in full (the agent seeds
-        # its fault record from it when the read at start-up failed).
-        self.on_read: Callable[[Mapping[str, Any]], None] | None = None
-        self._lock = threading.Lock()
-        self._desired: dict[str, dict[str, str]] | None = None
-        self._applied: dict[str, dict[str, str]] | None = None
-        self._verified_at = -float("inf")
-        self._retry_at = -float("inf")
-        self._node_uid: str | None = None  # the Node our labels were written to
-        self._lease_uid: str | None = None  # the owner in our last Lease renewal
-        self._label_log = LogLimiter()  # one line per outage, one when it ends
-        self._lease_log = LogLimiter()
-        # A renewal is owed: none yet for the Node the labels went to, or the last one
-        # failed. kube-retry pays it within a second (with its own backoff), so a new
-        # or restarted agent, a re-created Node or a lost Lease do not wait for the
-        # next renewal tick (minutes) before the extender trusts the node.
-        self._lease_owed = True
-        # `<prefix>fresh-since`: written once, just after a renewal that makes the node
-        # fresh again (this process's first, or the first after the Lease lapsed). A
-        # Lease is not a kube-scheduler event; this Node update is, so GPU pods the
-        # extender turned away as "stale" are retried at once instead of waiting for
-        # the scheduler's periodic flush of unschedulable pods (minutes).
-        self._fresh_key = prefix + FRESH_SINCE
-        self._fresh_since: str | None = None
-        self._lease_ok_at = -float("inf")
-        self._lease_backoff = Backoff(1.0, k.backoff_max_seconds, rng)
-        self._lease_retry_at = -float("inf")
-        # The Node watch (started by `start`): its last view of the Node (None: gone),
-        # and the newest resourceVersion we wrote or read, so a view from before our
-        # own write is not taken for someone else's edit.
-        self.watch: NodeWatch | None = None
-        self._view: Mapping[str, Any] | None = None
-        self._known_rv: int | None = None
-        # Repairs of edits made under us, spaced out: a controller that keeps removing
-        # our labels is not answered with a write per removal.
-        self._drift_backoff = Backoff(1.0, k.backoff_max_seconds, rng)
-        self._drift_at = -float("inf")
-
-    @property
-    def client(self) -> KubeClient:
-        return self._client
-
-    @client.setter
-    def client(self, c: KubeClient) -> None:
-        self._client = c
-        if hasattr(self, "health"):
-            self.health.client = c
 
     # -- label sink interface ----------------------------------------------------------
 
@@ -266,15 +143,6 @@ class NodeLabelSink:
         self._drift_at = now
         self._retry_at = max(self._retry_at, now + (delay if repeated else 0.0))
 
-    def _note(self, obj: Any) -> None:
-        """Remember the newest resourceVersion we have written or read."""
-        rv = resource_version(obj) if isinstance(obj, Mapping) else None
-        if rv is not None and (self._known_rv is None or rv > self._known_rv):
-            self._known_rv = rv
-
-    def _watch_live(self) -> bool:
-        return self.watch is not None and self.watch.live
-
     # -- reconcile ---------------------------------------------------------------------
 
     def _reconcile(self) -> bool:
@@ -366,22 +234,6 @@ class NodeLabelSink:
             err.reported = True
             raise err from None
 
-    def _same_node(self, node: Mapping[str, Any]) -> bool:
-        """False, with one log line, when the Node's UID is not the one we wrote to."""
-        uid = _uid(node)
-        if self._node_uid is None or uid == self._node_uid:
-            return True
-        logger.warning(
-            "node {}: the Node was re-created (uid {} -> {}): writing its labels again and "
-            "re-owning its Lease",
-            self.node,
-            self._node_uid,
-            uid,
-        )
-        self._node_uid = None
-        self.health.forget()
-        return False
-
     def _written(self, desired: dict[str, dict[str, str]], now: float, result: str) -> None:
         """The Node holds our labels: record it, end an outage, re-own the Lease."""
         failures = self.backoff.failures
@@ -396,125 +248,3 @@ class NodeLabelSink:
             # while the data is fresh, as for every renewal).
             with contextlib.suppress(KubeError):  # logged; kube-retry retries it
                 self._renew()
-
-    def _ok(self, now: float, result: str) -> None:
-        self.backoff.reset()
-        self._retry_at = -float("inf")
-        self.metrics.node_writes.labels(result).inc()
-        self.metrics.last_reconcile_timestamp_seconds.set(now)
-
-    # -- freshness Lease ---------------------------------------------------------------
-
-    def heartbeat(self) -> bool:
-        """Renew the node's Lease; False when skipped, KubeError when it fails. Skipped
-        while the data is stale or the Node's labels are not known to be current, so
-        an expired Lease means "do not trust this node's labels and annotation". It
-        never vouches for a Node it has not written: the Node's UID (from the API
-        server's cache) must be the one the labels went to; a new one is re-labelled
-        by the next `kube-retry` (within a second), which re-owns the Lease. This read
-        also stands in for the label reconcile's: a re-created Node or labels edited
-        under us are noticed here, within one renewal period. While the Node watch is
-        live its last view is used instead, and the heartbeat reads nothing."""
-        with self._lock:
-            return self._heartbeat()
-
-    def _heartbeat(self) -> bool:
-        current = self._applied is not None and self._applied == self._desired
-        if not current or self._node_uid is None or not self.fresh():
-            return False
-        if self._watch_live():
-            # The watch has told us of every change since its list: its view is as
-            # good as a read, and costs none.
-            if self._view is None:
-                self._applied = None  # gone: kube-retry's reconcile says so, once
-                return False
-            node: Mapping[str, Any] = self._view
-            rv = resource_version(node)
-            if rv is not None and self._known_rv is not None and rv < self._known_rv:
-                self._verified_at = self.clock()  # our own write is newer than the view
-                return self._renew()
-        else:
-            try:
-                node = self.client.get_node(self.node, cached=True)
-            except KubeNotFoundError:
-                # The Node is gone (one line from kube-retry's reconcile, which
-                # re-labels the Node when it comes back and re-owns the Lease then).
-                self._applied = None
-                return False
-            except KubeError as e:
-                self._owe_lease()
-                self._lease_failed(type(e)(f"node {self.node}: lease not renewed: {e}", e.status))
-            self._note(node)
-        if not self._same_node(node):
-            self._applied = None  # kube-retry writes the labels again
-            return False
-        # The reconcile's check, made here: this read is the agent's only steady one.
-        if self._desired is not None and not in_sync(node, self._desired):
-            logger.info("node {}: labels changed under us; writing them again", self.node)
-            self._applied = None  # kube-retry, within a second (same Node: still renew)
-        else:
-            self._verified_at = self.clock()
-        return self._renew()
-
-    def _owe_lease(self) -> None:
-        """A renewal failed: kube-retry tries again after the Lease's own backoff."""
-        self._lease_owed = True
-        self._lease_retry_at = self.clock() + self._lease_backoff.next_delay()
-
-    def _announce_fresh(self, now: float) -> None:
-        """Write `fresh-since` now, after the Lease, so the scheduler's retry finds the
-        node fresh. A failure is left to kube-retry (the desired set includes it)."""
-        assert self._desired is not None
-        self._fresh_since = micro_time(now)
-        desired = self._with_fresh_since(
-            {"labels": dict(self._desired["labels"]),
-             "annotations": dict(self._desired["annotations"])}
-        )  # fmt: skip
-        in_place = self._applied == self._desired
-        self._desired = desired
-        if not in_place:
-            return
-        try:
-            self._note(self.client.apply_node(self.node, desired["labels"], desired["annotations"]))
-        except KubeError:
-            self._applied = None
-            return
-        self._applied = desired
-        self.metrics.node_writes.labels("success").inc()
-
-    def _with_fresh_since(self, desired: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
-        if self._fresh_since is not None:
-            desired["annotations"][self._fresh_key] = self._fresh_since
-        return desired
-
-    def _renew(self) -> bool:
-        """Renew with the Node we wrote to as owner; log one line per outage."""
-        uid = self._node_uid
-        try:
-            self.lease.renew(uid)
-        except KubeError as e:
-            self._owe_lease()
-            self._lease_failed(e)
-        owner_changed = self._lease_uid != uid  # first renewal, or a re-created Node
-        self._lease_uid = uid
-        self._lease_owed = False
-        now = self.clock()
-        lapsed = now - self._lease_ok_at > self.lease.duration_s
-        if (lapsed or owner_changed) and self._desired is not None:
-            self._announce_fresh(now)
-        self._lease_ok_at = now
-        self._lease_backoff.reset()
-        if self._lease_log.forget():
-            logger.info("node {}: lease renewed again", self.node)
-        return True
-
-    def _lease_failed(self, e: KubeError) -> NoReturn:
-        if self._lease_log.allow():
-            logger.warning("{}; one more line when it is renewed again", e)
-        e.reported = True
-        raise e
-
-
-def _uid(obj: Mapping[str, Any]) -> str | None:
-    uid = (obj.get("metadata") or {}).get("uid")
-    return uid if isinstance(uid, str) and uid else None

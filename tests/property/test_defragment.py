@@ -1,8 +1,8 @@
 """The rebalancer's defragmentation search (candidates ranked by cost, hosts ranked once
 per pass: fast at 5,000 nodes) finds exactly the plan of the first version's exhaustive
-search (`bench/rebalancer.py:exhaustive`, the bench's baseline), over random small
-fleets: node sizes and GPU products, pods of 1-4 GPUs, opted in or not, of higher
-priority or not, pinned by nodeSelector or not, and each policy."""
+search (`exhaustive` in tests/unit/rebalancer/fleet.py, bench/rebalancer's baseline),
+over random small fleets: node sizes and GPU products, pods of 1-4 GPUs, opted in or
+not, of higher priority or not, pinned by nodeSelector or not, and each policy."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.rebalancer import exhaustive, node, planner_inputs, pod, rebalancer
 from gpudaemon.rebalancer.planner import Placer, defragment
+from tests.unit.rebalancer.fleet import exhaustive, node, planner_inputs, pod, rebalancer
 
 PRODUCTS = ["NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"]
 

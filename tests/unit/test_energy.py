@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry
 
 from gpudaemon.agent.app import Agent
 from gpudaemon.agent.cache import Cache
-from gpudaemon.backends import simulated
 from gpudaemon.backends.base import ENERGY_CALLS, GPM_CALLS, SAMPLE_CALLS
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile, parse_profile
+from gpudaemon.backends.simulated import backend as simulated
 from gpudaemon.config import load_config
 from gpudaemon.errors import ConfigError, ProfileError
 from gpudaemon.labels.outputs import NullSink

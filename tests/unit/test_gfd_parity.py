@@ -13,6 +13,7 @@ from gpudaemon.agent.cache import Cache
 from gpudaemon.backends.simulated import SimulatedBackend, parse_profile
 from gpudaemon.labels import NodeLabeler
 from gpudaemon.model import Snapshot
+from tests.gfd import BEYOND_GFD
 
 N = "nvidia.com/"
 VERSION = "nvml.go newVersionLabeler"
@@ -24,9 +25,6 @@ GPU_ARCH = "resource.go newArchitectureLabels"
 MIG_BASE = "resource.go NewMIGResourceLabeler -> baseLabeler"
 MIG_ATTR = "resource.go newMigAttributeLabels (internal/resource/nvml-mig-device.go GetAttributes)"
 INVALID = "mig-strategy.go newInvalidMigStrategyLabeler"
-
-# Keys we write that GFD does not (docs/labels.md, "Beyond GFD's keys").
-EXTRAS = {"gpu.present", "gpu.memory.min", "gpu.healthy", "gpu.unhealthy", "mig.enabled"}
 
 A100 = "{name: NVIDIA A100-SXM4-80GB, memory_total_mib: 81920, compute_capability: '8.0'"
 SEVEN = "[1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb]"
@@ -145,7 +143,7 @@ def test_every_gfd_key_has_gfds_value(case: str, key: str, value: str, source: s
 def test_beyond_gfds_keys_we_write_only_the_documented_extras(case: str) -> None:
     text, strategy, rows = CASES[case]
     ours = {k.removeprefix(N) for k in labels(text, strategy)}
-    assert ours - {k for k, _, _ in rows} == EXTRAS
+    assert ours - {k for k, _, _ in rows} == BEYOND_GFD
     # Single: GFD's MIG labeler writes no attribute labels for an invalid layout.
     if case == "single-invalid":
         assert "gpu.multiprocessors" not in ours

@@ -7,7 +7,7 @@ from collections import Counter
 import pynvml as real
 import pytest
 
-import gpudaemon.backends.nvml as nvml_mod
+import gpudaemon.backends.nvml.gpmreads as nvml_mod
 from gpudaemon.backends.base import GPM_CALLS, GPM_MIG_CALLS, SAMPLE_CALLS
 from gpudaemon.backends.nvml import NvmlBackend
 from gpudaemon.model import MIB

@@ -9,6 +9,7 @@ from gpudaemon.backends.simulated import FaultSpec, SimulatedBackend, load_profi
 from gpudaemon.labels import NodeLabeler
 from gpudaemon.labels.sanitize import is_valid_value
 from gpudaemon.model import Snapshot
+from tests.gfd import BEYOND_GFD, GFD_DGX_H100
 
 P = "gpudaemon.io/"
 BRIEF_LABELS = {
@@ -191,31 +192,12 @@ def test_decoding_refuses_a_value_with_a_malformed_entry_and_non_lists() -> None
         decode_gpus("not json")
 
 
-# What GPU Feature Discovery writes for eight H100 SXM5 80GB on driver 550.54.15 / CUDA
-# 12.4 (its README's label list and meanings: gpu.product with spaces as dashes, memory in
-# MiB, family from the compute capability, cuda.driver.* the driver version, cuda.runtime.*
-# the CUDA version).
-GFD_DGX_H100 = {
-    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-    "nvidia.com/gpu.count": "8",
-    "nvidia.com/gpu.memory": "81559",
-    "nvidia.com/gpu.family": "hopper",
-    "nvidia.com/gpu.compute.major": "9",
-    "nvidia.com/gpu.compute.minor": "0",
-    "nvidia.com/cuda.driver.major": "550",
-    "nvidia.com/cuda.driver.minor": "54",
-    "nvidia.com/cuda.driver.rev": "15",
-    "nvidia.com/cuda.runtime.major": "12",
-    "nvidia.com/cuda.runtime.minor": "4",
-    "nvidia.com/mig.capable": "true",
-}
-
-
 def test_with_the_nvidia_prefix_the_labels_are_the_ones_gfd_writes() -> None:
-    """`labelPrefix: nvidia.com/` is a drop-in for GFD (issue 18): for the same GPUs, the
-    keys GFD writes carry GFD's values."""
+    """`labelPrefix: nvidia.com/` is a drop-in for GFD (issue 18): for the same GPUs, every
+    key GFD writes is there with GFD's value, and the others are the documented extras."""
     ls = NodeLabeler("nvidia.com/").build(snapshot(SimulatedBackend(load_profile("dgx-h100"))))
-    assert {k: ls.labels[k] for k in GFD_DGX_H100 if k in ls.labels} == GFD_DGX_H100
+    assert {k: ls.labels.get(k) for k in GFD_DGX_H100} == GFD_DGX_H100
+    assert {k.removeprefix("nvidia.com/") for k in ls.labels.keys() - GFD_DGX_H100} == BEYOND_GFD
 
 
 def test_gpu_memory_min_is_the_smallest_gpu_of_any_model() -> None:

@@ -44,6 +44,25 @@ def test_config_imports_nothing_from_the_layers_above_it(above: str) -> None:
         assert not [m for m in mods if m == above or m.startswith(above + ".")], path.name
 
 
+def bench_imports_in_tests() -> list[str]:
+    tests = PKG.parent / "tests"
+    files = sorted(tests.rglob("*.py"))
+    assert len(files) > 50, "tests/ not found"
+    return [
+        f"{path.relative_to(PKG.parent)}: {mod}"
+        for path in files
+        for mod in sorted(imported_modules(path))
+        if mod == "bench" or mod.startswith("bench.")
+    ]
+
+
+def test_tests_never_import_bench() -> None:
+    """Benches may use the test harness (tests/support.py, fakes, builders); tests never
+    import bench/ (issue 29): what both need lives in tests/ (tests/kubeobjects.py,
+    tests/unit/rebalancer/fleet.py) or in the package."""
+    assert bench_imports_in_tests() == []
+
+
 def test_no_bench_imports_the_wiring_even_through_a_test_helper() -> None:
     """bench/ measures library modules, never gpudaemon.agent.app; a helper of tests/ that a
     bench imports counts too (it would bring the wiring in through the back door)."""

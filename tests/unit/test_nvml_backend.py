@@ -115,7 +115,7 @@ def test_an_unsupported_reading_is_asked_once_per_gpu() -> None:
 def test_the_first_read_of_each_reading_is_timed_and_a_slow_one_logged(
     lines: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import gpudaemon.backends.nvml as nvml_mod
+    import gpudaemon.backends.nvml.library as nvml_mod
 
     clock = iter([0.0, 0.0039])  # the energy read's probe: 3.9 ms
     monkeypatch.setattr(nvml_mod, "_timer", lambda: 0.0)  # a loaded machine: not slow

@@ -1,7 +1,8 @@
-"""Every pynvml name the NVML backend uses exists in the installed nvidia-ml-py, and
+"""Every pynvml name the NVML backend package uses exists in the installed nvidia-ml-py, and
 every call passes arguments its signature accepts.
 
-No GPU is needed: the backend's source is read with `ast`, so a name used on a code path
+No GPU is needed: the source of every module in gpudaemon/backends/nvml/ (the one
+package that calls pynvml) is read with `ast`, so a name used on a code path
 CI never runs (no NVML here) is still checked. A typo or a binding that dropped or
 changed a function fails this test instead of a GPU node in production.
 """
@@ -17,8 +18,9 @@ import pytest
 
 import gpudaemon.backends.nvml as backend
 
-SOURCE = Path(backend.__file__).read_text()
-TREE = ast.parse(SOURCE)
+PACKAGE = Path(backend.__file__).parent
+# (module file name, its syntax tree), for every module of the package.
+TREES = [(p.name, ast.parse(p.read_text())) for p in sorted(PACKAGE.glob("*.py"))]
 # How the backend refers to the pynvml module: `n = self._nvml`, `self._nvml`, or the
 # module handed to a helper as `n`.
 _MODULE_NAMES = {"n", "nvml"}
@@ -39,27 +41,35 @@ def _names() -> set[str]:
     """Every attribute read from the module: functions, constants, NVMLError, structs."""
     return {
         node.attr
-        for node in ast.walk(TREE)
+        for _, tree in TREES
+        for node in ast.walk(tree)
         if isinstance(node, ast.Attribute) and _is_module(node.value)
     }
 
 
-def _calls() -> list[tuple[str, int, int]]:
-    """(function, positional argument count, line) for every call of a pynvml function:
+def _calls() -> list[tuple[str, int, str]]:
+    """(function, positional argument count, file:line) for every call of a pynvml function:
     direct (`n.nvmlInit()`) and by name (`self._call("fn", *args)`,
     `self._read(index, what, "fn", *args)`)."""
     out = []
-    for node in ast.walk(TREE):
+    for file, tree in TREES:
+        out += _calls_in(file, tree)
+    return out
+
+
+def _calls_in(file: str, tree: ast.Module) -> list[tuple[str, int, str]]:
+    out = []
+    for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or any(isinstance(a, ast.Starred) for a in node.args):
             continue
         f = node.func
         if isinstance(f, ast.Attribute) and _is_module(f.value) and f.attr.startswith("nvml"):
-            out.append((f.attr, len(node.args), node.lineno))
+            out.append((f.attr, len(node.args), f"{file}:{node.lineno}"))
         elif isinstance(f, ast.Attribute) and f.attr in ("_call", "_read"):
             at = 0 if f.attr == "_call" else 2  # _read(index, what, fn, ...)
             name = node.args[at]
             if isinstance(name, ast.Constant) and isinstance(name.value, str):
-                out.append((name.value, len(node.args) - at - 1, node.lineno))
+                out.append((name.value, len(node.args) - at - 1, f"{file}:{node.lineno}"))
     return out
 
 
@@ -73,6 +83,14 @@ def test_the_source_scan_finds_the_backend_s_names() -> None:
         NAMES
     )
     assert len(CALLS) > 25
+    # ... in every module of the package: the scan covers each (a module that stopped
+    # being scanned would hide its names).
+    assert {c[2].split(":")[0] for c in CALLS} == {
+        "library.py",
+        "backend.py",
+        "healthreads.py",
+        "gpmreads.py",
+    }
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -81,12 +99,12 @@ def test_name_exists_in_installed_pynvml(name: str) -> None:
 
 
 @pytest.mark.parametrize(("fn", "nargs", "line"), CALLS, ids=[f"{c[0]}@{c[2]}" for c in CALLS])
-def test_call_shape_matches_the_signature(fn: str, nargs: int, line: int) -> None:
+def test_call_shape_matches_the_signature(fn: str, nargs: int, line: str) -> None:
     sig = inspect.signature(getattr(pynvml, fn))
     try:
         sig.bind(*([None] * nargs))
     except TypeError as e:
-        pytest.fail(f"nvml.py:{line}: {fn}{sig} called with {nargs} argument(s): {e}")
+        pytest.fail(f"{line}: {fn}{sig} called with {nargs} argument(s): {e}")
 
 
 def test_a_misspelt_or_misshapen_call_would_fail() -> None:

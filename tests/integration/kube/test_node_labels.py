@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.gfd import GFD_DGX_H100
 from tests.integration.kube.controlplane import ControlPlane, annotation
 from tests.support import REPO
 
@@ -161,26 +162,6 @@ def test_agent_never_creates_a_missing_node_and_says_so_in_one_line(
     assert name not in {n["metadata"]["name"] for n in listed}
 
 
-# What GPU Feature Discovery writes for eight H100 80GB HBM3 on driver 550.54.15 with
-# CUDA 12.4 (its lm/ labelers: resource, cuda/driver, MIG capability), key for key.
-GFD_DGX_H100 = {
-    "nvidia.com/gpu.present": "true",
-    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-    "nvidia.com/gpu.count": "8",
-    "nvidia.com/gpu.memory": "81559",
-    "nvidia.com/gpu.family": "hopper",
-    "nvidia.com/gpu.compute.major": "9",
-    "nvidia.com/gpu.compute.minor": "0",
-    "nvidia.com/cuda.driver.major": "550",
-    "nvidia.com/cuda.driver.minor": "54",
-    "nvidia.com/cuda.driver.rev": "15",
-    "nvidia.com/cuda.runtime.major": "12",
-    "nvidia.com/cuda.runtime.minor": "4",
-    "nvidia.com/mig.capable": "true",
-    "nvidia.com/mig.strategy": "none",
-}
-
-
 def test_the_chart_s_nvidia_prefix_writes_gfd_s_labels(
     control_plane: ControlPlane, node: str, tools_bin: Path, tmp_path: Path
 ) -> None:
@@ -206,4 +187,6 @@ def test_the_chart_s_nvidia_prefix_writes_gfd_s_labels(
     assert run.returncode == 0, run.stdout + run.stderr
     labels = control_plane.node(node)["metadata"]["labels"]
     assert {k: labels.get(k) for k in GFD_DGX_H100} == GFD_DGX_H100
+    # Not a GFD key (tests/gfd.py BEYOND_GFD), and written under the prefix too.
+    assert labels.get("nvidia.com/gpu.present") == "true"
     assert not [k for k in labels if k.startswith(P)]  # nothing under the default prefix
