@@ -115,6 +115,15 @@ def test_413_names_the_cap_and_comes_before_the_body(quick: HttpServer) -> None:
     assert b"the body (5000 bytes) is over test.max_body_bytes (1000)" in answer
 
 
+def _held_becomes(srv: HttpServer, want: int) -> int:
+    """The budget's bytes held, once they read `want` (or after 3 s): the loop thread
+    takes and gives them back just after the bytes or the answer cross the socket."""
+    deadline = time.monotonic() + 3.0
+    while srv.budget.held != want and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return srv.budget.held
+
+
 def test_bodies_past_the_budget_are_a_prompt_503_and_the_budget_comes_back() -> None:
     srv = HttpServer("127.0.0.1:0", echo, name="test", max_body_bytes=1000, body_budget_bytes=1500)
     srv.start()
@@ -122,8 +131,7 @@ def test_bodies_past_the_budget_are_a_prompt_503_and_the_budget_comes_back() -> 
         # One body of 1,000 bytes announced and half sent: its bytes are held.
         holder = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
         holder.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"a" * 500)
-        time.sleep(0.3)
-        assert srv.budget.held == 1000
+        assert _held_becomes(srv, 1000) == 1000
         t0 = time.monotonic()
         status, body = request(srv.port, "POST", "/", b"b" * 600)
         assert status == 503 and b"test.body_budget_bytes (1500)" in body
@@ -132,20 +140,15 @@ def test_bodies_past_the_budget_are_a_prompt_503_and_the_budget_comes_back() -> 
         holder.sendall(b"a" * 500)
         assert holder.recv(1000).startswith(b"HTTP/1.1 200 ")
         holder.close()
+        assert _held_becomes(srv, 0) == 0  # given back once waitress closes the request
         assert request(srv.port, "POST", "/", b"d" * 1000) == (200, b"d" * 1000)
-        # Given back when waitress closes the request, just after the answer is sent.
-        deadline = time.monotonic() + 2.0
-        while srv.budget.held and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert srv.budget.held == 0
+        assert _held_becomes(srv, 0) == 0
         # A client that drops mid-body gives its share back too.
         cut = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
         cut.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nxx")
-        time.sleep(0.3)
-        assert srv.budget.held == 1000
+        assert _held_becomes(srv, 1000) == 1000
         cut.close()
-        time.sleep(0.3)
-        assert srv.budget.held == 0
+        assert _held_becomes(srv, 0) == 0
     finally:
         srv.stop()
 
