@@ -54,7 +54,13 @@ def test_noisy_steady_load_changes_resource_version_at_most_once(
     control_plane: ControlPlane, agent: tuple[Agent, FakeClock], node: str
 ) -> None:
     a, clock = agent
+    # GPM's SM activity needs two samples (issue 33): one poll before the first write,
+    # as a running agent has polled several times by its first reconcile, so what is
+    # measured here is the steady load alone.
+    assert a.poll_telemetry()
+    clock.t += 5.0
     assert a.run_once()
+    assert all("sm_active_pct" in g for g in annotation(control_plane.node(node)))
     versions = [control_plane.node(node)["metadata"]["resourceVersion"]]
     utils: list[float] = []
     for _ in range(20):
