@@ -112,7 +112,13 @@ def test_one_poisoned_node_stops_no_other_program(rig: RebalanceRig, case: str) 
     holder = next(p for p in placed if rig.pod(p)["spec"]["nodeName"] == good[0])
     _make_owned(rig, holder)
     entries = json.loads(rig.cp.node(good[0])["metadata"]["annotations"][GPUS])
-    entries[0].update(healthy=False, reason="xid 79", pods=[f"{NS}/{holder}"])
+    entries[0].update(
+        healthy=False,
+        state="unhealthy",
+        action="reboot_node",
+        reason="xid 79",
+        pods=[f"{NS}/{holder}"],
+    )
     patch_as_agent(rig, good[0], {GPUS: json.dumps(entries, separators=(",", ":"))})
     url = rig.start_rebalancer(f"rb-{tag}", apply=False, grace_s=0)  # waits for /readyz
     try:
