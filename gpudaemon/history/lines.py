@@ -43,7 +43,7 @@ def encode_line(
 
 def lines_for(snap: Snapshot, node: str) -> list[str]:
     """Line protocol for one snapshot: one point per GPU and one per MIG instance, a
-    field per catalogue row (gpudaemon/catalogue.py). Unsupported readings are left
+    field per catalogue row (gpudaemon/catalogue/). Unsupported readings are left
     out, never written as 0."""
     inv = snap.inventory
     if inv is None or not snap.samples or not snap.samples_at:

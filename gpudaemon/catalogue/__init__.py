@@ -13,234 +13,63 @@ InfluxDB field: the name (`{}` stands for the extra label's value) and the type
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Literal
 
-from gpudaemon.health.signals import CLOCK_EVENT_REASONS, RECOVERY_ACTION_NAMES
-from gpudaemon.health.verdict import ACTIONS, STATES
-from gpudaemon.model import GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
-
-PREFIX = "gpudaemon_"
-Number = int | float
-# A GPU row's values: (extra label value, value) pairs; "" when the row has no label.
-GpuValues = Callable[[GpuSample], Iterable[tuple[str, Number]]]
-# A MIG row's value for one instance (its inventory entry, its newest reading).
-MigValue = Callable[[MigDevice, MigSample | None], Number | None]
-# The info row's label values for one GPU.
-InfoLabels = Callable[[NodeInventory, GpuInfo], tuple[str, ...]]
-
-# Labels every per-GPU series carries. Unattributed series carry pod="" etc., which
-# Prometheus stores as "label absent". InfluxDB tags: node, gpu, uuid, model.
-GPU_LABELS = ("gpu", "uuid", "model", "node", "pod", "namespace", "container")
-MIG_LABELS = (*GPU_LABELS, "mig_uuid", "mig_profile", "gpu_instance_id")
-INFO_LABELS = ("driver_version", "cuda_version", "pci_bus_id", "compute_capability", "mig_mode")
-# InfluxDB measurements: one point per GPU, one per MIG instance.
-GPU_MEASUREMENT = "gpu"
-MIG_MEASUREMENT = "mig"
-
-
-@dataclass(frozen=True)
-class Series:
-    """One row. `name` is the Prometheus name without the prefix; counters end in
-    `_total`. `scope` says what one sample of it describes: a GPU, a MIG instance, or
-    (info) a GPU's facts as labels."""
-
-    name: str
-    kind: Literal["gauge", "counter"]
-    help: str
-    scope: Literal["gpu", "mig", "info"]
-    # Prometheus: an extra label (ECC "type", XID "xid"); info: its label names.
-    label: str = ""
-    # InfluxDB: field name ("" = not in InfluxDB, see `influx_note`); `{}` is
-    # replaced by the extra label's value; `influx_sum` adds the labelled values
-    # into one field instead.
-    influx_field: str = ""
-    influx_type: type[int] | type[float] = float
-    influx_sum: bool = False
-    influx_note: str = ""
-    gpu: GpuValues | None = None
-    mig: MigValue | None = None
-    info: InfoLabels | None = None
-
-    @property
-    def prometheus_name(self) -> str:
-        return PREFIX + self.name
-
-    @property
-    def labels(self) -> tuple[str, ...]:
-        if self.scope == "mig":
-            return MIG_LABELS
-        if self.scope == "info":
-            return (*GPU_LABELS, *INFO_LABELS)
-        # A row may carry two extra labels ("link,type"): its values then name both,
-        # comma-separated in the same order.
-        return (*GPU_LABELS, *self.label.split(",")) if self.label else GPU_LABELS
-
-
-def _reading(attr: str) -> GpuValues:
-    """A plain reading: the sample's attribute, absent when None."""
-
-    def read(s: GpuSample) -> Iterable[tuple[str, Number]]:
-        v = getattr(s, attr)
-        return () if v is None else (("", v),)
-
-    return read
-
-
-def _gauge(name: str, help_: str, attr: str, kind: type[int] | type[float] = float) -> Series:
-    return Series(
-        name,
-        "gauge",
-        help_,
-        "gpu",
-        gpu=_reading(attr),
-        influx_field=name.removeprefix("gpu_"),
-        influx_type=kind,
-    )
-
-
-def _ecc(s: GpuSample) -> Iterable[tuple[str, Number]]:
-    if s.ecc_corrected_errors_total is not None:
-        yield "corrected", s.ecc_corrected_errors_total
-    if s.ecc_uncorrected_errors_total is not None:
-        yield "uncorrected", s.ecc_uncorrected_errors_total
-
-
-def _xid(s: GpuSample) -> Iterable[tuple[str, Number]]:
-    return [(str(code), n) for code, n in sorted(s.xid_errors_total.items())]
-
-
-def _flag(attr: str) -> GpuValues:
-    """A 0/1 reading from a bool; absent when None."""
-
-    def read(s: GpuSample) -> Iterable[tuple[str, Number]]:
-        v = getattr(s, attr)
-        return () if v is None else (("", 1 if v else 0),)
-
-    return read
-
-
-def _remapped(s: GpuSample) -> Iterable[tuple[str, Number]]:
-    if s.remapped_rows_correctable is not None:
-        yield "correctable", s.remapped_rows_correctable
-    if s.remapped_rows_uncorrectable is not None:
-        yield "uncorrectable", s.remapped_rows_uncorrectable
-
-
-def _retired(s: GpuSample) -> Iterable[tuple[str, Number]]:
-    if s.retired_pages_single_bit is not None:
-        yield "single_bit", s.retired_pages_single_bit
-    if s.retired_pages_double_bit is not None:
-        yield "double_bit", s.retired_pages_double_bit
-
-
-def _recovery(s: GpuSample) -> Iterable[tuple[str, Number]]:
-    """Every known action, 1 for the current one (an unknown one of a newer driver too)."""
-    if s.recovery_action is None:
-        return []
-    names = dict.fromkeys((*RECOVERY_ACTION_NAMES, s.recovery_action))
-    return [(a, 1 if a == s.recovery_action else 0) for a in names]
-
-
-def _nvlink(s: GpuSample) -> Iterable[tuple[str, Number]]:
-    return [
-        (f"{link},{kind}", n)
-        for link, counts in sorted(s.nvlink_errors_total.items())
-        for kind, n in counts.items()
-    ]
-
-
-def _clock_active(s: GpuSample) -> Iterable[tuple[str, Number]]:
-    if s.clock_events_active is None:
-        return []
-    return [(r, 1 if r in s.clock_events_active else 0) for r in CLOCK_EVENT_REASONS]
-
-
-def _clock_seconds(s: GpuSample) -> Iterable[tuple[str, Number]]:
-    return sorted(s.clock_event_seconds_total.items())
-
-
-def _health_state(s: GpuSample) -> Iterable[tuple[str, Number]]:
-    return [(state, 1 if state == s.health_state else 0) for state in STATES]
-
-
-def _health_action(s: GpuSample) -> Iterable[tuple[str, Number]]:
-    return [(a, 1 if a == s.health_action else 0) for a in ACTIONS]
-
-
-def _gpm(attr: str) -> GpuValues:
-    """A GPM ratio: absent on a GPU without GPM and on the first poll (never 0)."""
-
-    def read(s: GpuSample) -> Iterable[tuple[str, Number]]:
-        v = getattr(s.gpm, attr) if s.gpm is not None else None
-        return () if v is None else (("", v),)
-
-    return read
-
-
-def _gpm_bytes(attr: str) -> GpuValues:
-    def read(s: GpuSample) -> Iterable[tuple[str, Number]]:
-        return sorted(getattr(s.gpm, attr).items()) if s.gpm is not None else []
-
-    return read
-
-
-def _mig_gpm(attr: str) -> MigValue:
-    def read(d: MigDevice, m: MigSample | None) -> Number | None:
-        return getattr(m.gpm, attr) if m is not None and m.gpm is not None else None
-
-    return read
-
-
-# GPM (Hopper+; backends/gpm.py): what each ratio means, as DCGM's profiling fields.
-_GPM_RATIOS = (
-    (
-        "sm_active_ratio",
-        "Fraction of time at least one warp was active on an SM, averaged "
-        "over all SMs (GPM SM_UTIL; DCGM_FI_PROF_SM_ACTIVE).",
-    ),
-    (
-        "sm_occupancy_ratio",
-        "Warps resident on the SMs over the most they can hold "
-        "(GPM SM_OCCUPANCY; DCGM_FI_PROF_SM_OCCUPANCY).",
-    ),
-    (
-        "tensor_active_ratio",
-        "Fraction of time the tensor cores (any of HMMA, IMMA, DMMA) "
-        "were busy (GPM ANY_TENSOR_UTIL; DCGM_FI_PROF_PIPE_TENSOR_ACTIVE).",
-    ),
-    (
-        "dram_active_ratio",
-        "Device memory bandwidth used over its peak (GPM DRAM_BW_UTIL; DCGM_FI_PROF_DRAM_ACTIVE).",
-    ),
-    (
-        "fp64_active_ratio",
-        "Fraction of time the FP64 (non-tensor) pipes were busy "
-        "(GPM FP64_UTIL; DCGM_FI_PROF_PIPE_FP64_ACTIVE).",
-    ),
+from gpudaemon.catalogue.series import (
+    GPU_LABELS,
+    GPU_MEASUREMENT,
+    INFO_LABELS,
+    MIG_LABELS,
+    MIG_MEASUREMENT,
+    PREFIX,
+    GpuValues,
+    InfoLabels,
+    MigValue,
+    Number,
+    Series,
+    _gauge,
+    _reading,
 )
-_GPM_NOTE = " Hopper+ (GPM), over the last poll interval; absent without GPM."
+from gpudaemon.catalogue.values import (
+    _GPM_NOTE,
+    _GPM_RATIOS,
+    _clock_active,
+    _clock_seconds,
+    _ecc,
+    _flag,
+    _gpm,
+    _gpm_bytes,
+    _health_action,
+    _health_state,
+    _info,
+    _mig_gpm,
+    _mig_total,
+    _mig_used,
+    _nvlink,
+    _recovery,
+    _remapped,
+    _retired,
+    _xid,
+)
+from gpudaemon.model import GpuSample, MigDevice, MigSample
 
-
-def _info(inv: NodeInventory, g: GpuInfo) -> tuple[str, ...]:
-    cuda = ".".join(map(str, inv.cuda_driver_version)) if inv.cuda_driver_version else ""
-    return (
-        inv.driver_version,
-        cuda,
-        g.pci_bus_id,
-        "{}.{}".format(*g.compute_capability),
-        "enabled" if g.mig_enabled else "disabled",
-    )
-
-
-def _mig_used(d: MigDevice, m: MigSample | None) -> Number | None:
-    return m.memory_used_bytes if m is not None else None
-
-
-def _mig_total(d: MigDevice, m: MigSample | None) -> Number | None:
-    return d.memory_total_bytes
-
+__all__ = [
+    "CATALOGUE",
+    "GPU_LABELS",
+    "GPU_MEASUREMENT",
+    "INFO_LABELS",
+    "MIG_LABELS",
+    "MIG_MEASUREMENT",
+    "PREFIX",
+    "GpuValues",
+    "InfoLabels",
+    "MigValue",
+    "Number",
+    "Series",
+    "influx_fields",
+    "mig_influx_fields",
+    "rows",
+]
 
 CATALOGUE: tuple[Series, ...] = (
     Series(
