@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpudaemon.rebalancer.planner import DRAIN_ACTIONS, Decision
+from gpudaemon.rebalancer.drain import DRAIN_ACTIONS
+from gpudaemon.rebalancer.planner import Decision
 
 RESULTS = ("planned", "done", "refused_pdb", "failed")
 SKIPS = ("bare_pod", "stale", "rate_limited", "refused_pdb", "api_error", "max_reservations")

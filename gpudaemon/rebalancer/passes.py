@@ -23,8 +23,9 @@ from gpudaemon.errors import KubeError, KubeNotFoundError
 from gpudaemon.kube.leader import LeaderElector
 from gpudaemon.labels.annotations import GpuState
 from gpudaemon.rebalancer.actions import Actions
+from gpudaemon.rebalancer.drain import drain
 from gpudaemon.rebalancer.metrics import RebalancerMetrics
-from gpudaemon.rebalancer.planner import Decision, NodeFacts, Placer, PodFacts, defragment, drain
+from gpudaemon.rebalancer.planner import Decision, NodeFacts, Placer, PodFacts, defragment
 from gpudaemon.rebalancer.state import LeaseState
 
 ROOM_BACKOFF_S = 600.0

@@ -22,7 +22,7 @@ from gpudaemon.cluster.reservations import (
     encode,
 )
 from gpudaemon.labels.annotations import GpuState
-from gpudaemon.rebalancer.planner import SickGpu, drain_action
+from gpudaemon.rebalancer.drain import SickGpu, drain_action
 from gpudaemon.rebalancer.ratelimit import RateLimit
 
 STATE_ANNOTATION = "gpudaemon.io/rebalancer-state"

@@ -199,13 +199,14 @@ def test_the_check_sees_a_lazy_back_arrow(tmp_path: Path) -> None:
     assert layer_of("gpudaemon.extender.app") not in ALLOWED["rebalancer"]
 
 
-@pytest.mark.parametrize("name", ["planner", "fits"])
+@pytest.mark.parametrize("name", ["planner", "fits", "drain"])
 def test_the_rebalancers_rules_stay_pure(name: str) -> None:
-    """planner.py and fits.py decide; they never reach the API, the HTTP server, the
-    series or the wiring (app, passes, actions, state, metrics, ratelimit)."""
+    """planner.py, drain.py and fits.py decide; they never reach the API, the HTTP
+    server, the series or the wiring (app, passes, actions, state, metrics, ratelimit)."""
     mods = imported_modules(PKG / "rebalancer" / f"{name}.py")
     impure = ("gpudaemon.kube", "gpudaemon.httpserver", "prometheus_client", "loguru")
     assert not [m for m in mods if m.startswith(impure)]
     assert {m for m in mods if m.startswith("gpudaemon.rebalancer")} <= {
-        "gpudaemon.rebalancer.fits"
-    }
+        "gpudaemon.rebalancer.fits",
+        "gpudaemon.rebalancer.planner",
+    } - {f"gpudaemon.rebalancer.{name}"}

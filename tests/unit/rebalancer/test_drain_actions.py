@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpudaemon.labels.annotations import GpuState
-from gpudaemon.rebalancer.planner import SickGpu, drain, drain_action
+from gpudaemon.rebalancer.drain import SickGpu, drain, drain_action
 from tests.unit.rebalancer.test_planner import pod as facts
 from tests.unit.rebalancer.test_rebalancer import P, load, metric, node, pod, rig
 

@@ -8,13 +8,12 @@ from typing import Any
 from gpudaemon.cluster.policies import build_policies
 from gpudaemon.cluster.state import NodeState, PodShape
 from gpudaemon.config import ExtenderConfig
+from gpudaemon.rebalancer.drain import SickGpu, drain
 from gpudaemon.rebalancer.fits import PodFit
 from gpudaemon.rebalancer.planner import (
     NodeFacts,
     PodFacts,
-    SickGpu,
     defragment,
-    drain,
     may_land,
     node_facts,
     pod_facts,
