@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\n{args.gangs} gangs of {args.size} pods x {args.gpus} GPUs "
         f"({args.gangs * args.size * args.gpus} GPUs) on {args.nodes} x 8 = {args.nodes * 8} GPUs, "
-        "real kube-apiserver, the gpudaemon extender (binpack) in both runs"
+        "real kube-apiserver, the gpudaemon extender (binpack) in every run"
     )
     print_table(
         ["scheduler", "complete gangs", "partial gangs", "GPUs held by partial gangs",
