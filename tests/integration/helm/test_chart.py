@@ -361,7 +361,11 @@ def _resources(cluster: Cluster) -> dict[tuple[str, str], tuple[str, bool, str]]
     return out
 
 
-@pytest.mark.parametrize("values", [[], ["-f", str(EVERYTHING)]], ids=["default", "everything"])
+@pytest.mark.parametrize(
+    "values",
+    [[], ["-f", str(EVERYTHING)], ["--set", "scheduler.gang.mode=workload"]],
+    ids=["default", "everything", "gang-workload"],
+)
 def test_every_rendered_object_passes_server_side_dry_run(
     helm: str, cluster: Cluster, values: list[str], tmp_path: Path
 ) -> None:
