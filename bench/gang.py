@@ -1,15 +1,20 @@
-"""bench/gang: gang jobs with and without Coscheduling, on a real control plane.
+"""bench/gang: gang jobs with and without gang scheduling, on a real control plane.
 
 A stream of gangs larger than the cluster's free capacity (default: 10 gangs of 3 pods x
 8 GPUs = 240 GPUs asked of 8 nodes x 8 GPUs = 64) is created at once, each gang a
-PodGroup and its pods (label scheduling.x-k8s.io/pod-group), the pods interleaved across
+PodGroup and its pods, the pods interleaved across
 gangs as concurrent Job controllers create them (`--order grouped`: gang by gang),
 against the real `gpudaemon extender` process and either
 
 - kube-scheduler with the extender (the shipped example config): no gang semantics, pods
   placed one at a time; or
 - the scheduler-plugins kube-scheduler with Coscheduling and the extender, configured as
-  the chart renders it with `scheduler.gang.enabled=true`.
+  the chart renders it with `scheduler.gang.mode=coscheduling` (scheduler-plugins
+  PodGroups, pods labelled scheduling.x-k8s.io/pod-group); or
+- the stock kube-scheduler with Kubernetes' own GangScheduling and the extender, as the
+  chart renders it with `scheduler.gang.mode=workload` (its config and --feature-gates):
+  a Workload and a scheduling.k8s.io/v1beta1 PodGroup per gang, pods naming it in
+  spec.schedulingGroup. The API server serves that API for every run.
 
 Same pods, same nodes (a fresh set per run), same extender. When no pod has been bound
 for `--quiet` seconds, the run ends and the table reports the share of the cluster's GPUs
@@ -44,14 +49,25 @@ GANG_LABEL = "scheduling.x-k8s.io/pod-group"
 TIMEOUT_S = 10  # each PodGroup's scheduleTimeoutSeconds
 
 
-def gang_config(helm: Path) -> dict[str, Any]:
-    proc = subprocess.run(
-        [str(helm), "template", "gpudaemon", str(REPO / "deploy/helm/gpudaemon"),
-         "--set", "scheduler.gang.enabled=true",
-         "--show-only", "templates/scheduler/configmap.yaml"],
-        capture_output=True, text=True, check=True, timeout=120,
-    )  # fmt: skip
-    return dict(yaml.safe_load(yaml.safe_load(proc.stdout)["data"]["config.yaml"]))
+WORKLOAD_API = "/apis/scheduling.k8s.io/v1beta1/namespaces/default"
+APISERVER_ARGS = ("--feature-gates=GenericWorkload=true",
+                  "--runtime-config=scheduling.k8s.io/v1beta1=true")  # fmt: skip
+
+
+def gang_config(helm: Path, mode: str) -> tuple[dict[str, Any], list[str]]:
+    """The chart's scheduler config and kube-scheduler --feature-gates for `mode`."""
+    out = []
+    for show in ("configmap", "deployment"):
+        proc = subprocess.run(
+            [str(helm), "template", "gpudaemon", str(REPO / "deploy/helm/gpudaemon"),
+             "--set", f"scheduler.gang.mode={mode}",
+             "--show-only", f"templates/scheduler/{show}.yaml"],
+            capture_output=True, text=True, check=True, timeout=120,
+        )  # fmt: skip
+        out.append(yaml.safe_load(proc.stdout))
+    conf = dict(yaml.safe_load(out[0]["data"]["config.yaml"]))
+    sched = out[1]["spec"]["template"]["spec"]["containers"][0]
+    return conf, [a for a in sched["command"] if a.startswith("--feature-gates=")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.support import free_port, tools_bin, wait_for
 
     bin_dir = tools_bin("k8s", "etcd", "helm", "scheduler-plugins")
-    cp = ControlPlane(bin_dir)
+    cp = ControlPlane(bin_dir, apiserver_args=APISERVER_ARGS)
     procs: list[subprocess.Popen[bytes]] = []
     rows: list[list[str]] = []
     try:
@@ -104,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
         wait_for(ready, timeout=60, interval=0.2, what="extender caches synced")
 
-        def run(label: str, coscheduling: bool) -> None:
+        def run(label: str, mode: str) -> None:
             pool_label = {"bench-pool": label}
             nodes = [f"{label}-n{i}" for i in range(args.nodes)]
 
@@ -119,8 +135,13 @@ def main(argv: list[str] | None = None) -> int:
             list(pool.map(add, nodes))
             time.sleep(2)  # the extender's watch sees the nodes and Leases
 
-            if coscheduling:
-                conf, binary = gang_config(bin_dir / "helm"), "kube-scheduler-plugins"
+            flags: list[str] = []
+            if mode == "coscheduling":
+                conf, flags = gang_config(bin_dir / "helm", mode)
+                binary = "kube-scheduler-plugins"
+            elif mode == "workload":
+                conf, flags = gang_config(bin_dir / "helm", mode)
+                binary = "kube-scheduler"
             else:
                 conf, binary = yaml.safe_load(SCHED_CONFIG.read_text()), "kube-scheduler"
             conf["leaderElection"] = {"leaderElect": False}
@@ -133,19 +154,40 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             for g in range(args.gangs):
                 pg = f"{label}-g{g:02d}"
-                admin.request(
-                    "POST", podgroups,
-                    body={"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
-                          "metadata": {"name": pg},
-                          "spec": {"minMember": args.size, "scheduleTimeoutSeconds": TIMEOUT_S}},
-                )  # fmt: skip
+                if mode == "workload":
+                    policy = {"gang": {"minCount": args.size}}
+                    template = {"name": "w", "schedulingPolicy": policy}
+                    admin.request(
+                        "POST", f"{WORKLOAD_API}/workloads",
+                        body={"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "Workload",
+                              "metadata": {"name": pg},
+                              "spec": {"podGroupTemplates": [template]}},
+                    )  # fmt: skip
+                    admin.request(
+                        "POST", f"{WORKLOAD_API}/podgroups",
+                        body={"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+                              "metadata": {"name": pg},
+                              "spec": {"workloadRef": {"workloadName": pg, "templateName": "w"},
+                                       "schedulingPolicy": policy}},
+                    )  # fmt: skip
+                else:
+                    spec = {"minMember": args.size, "scheduleTimeoutSeconds": TIMEOUT_S}
+                    admin.request(
+                        "POST", podgroups,
+                        body={"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+                              "metadata": {"name": pg}, "spec": spec},
+                    )  # fmt: skip
                 gangs[pg] = [f"{pg}-p{i}" for i in range(args.size)]
             if args.order == "grouped":
                 order = [(pg, n) for pg, names in gangs.items() for n in names]
             else:  # round-robin: one pod of each gang, then the next of each
                 order = [(pg, gangs[pg][i]) for i in range(args.size) for pg in gangs]
             for pg, name in order:
-                body = pod_obj(name, args.gpus, labels={GANG_LABEL: pg, "bench-run": label})
+                if mode == "workload":
+                    body = pod_obj(name, args.gpus, labels={"bench-run": label})
+                    body["spec"]["schedulingGroup"] = {"podGroupName": pg}
+                else:
+                    body = pod_obj(name, args.gpus, labels={GANG_LABEL: pg, "bench-run": label})
                 body["spec"]["nodeSelector"] = pool_label
                 admin.request("POST", "/api/v1/namespaces/default/pods", body=body)
             _, rv = admin.list_items(
@@ -169,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             p = subprocess.Popen(
                 [str(bin_dir / binary), f"--config={path}", f"--secure-port={free_port()}",
                  "--bind-address=127.0.0.1", f"--authentication-kubeconfig={cp.admin_kubeconfig}",
-                 f"--authorization-kubeconfig={cp.admin_kubeconfig}", "--v=1"],
+                 f"--authorization-kubeconfig={cp.admin_kubeconfig}", "--v=1", *flags],
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
             procs.append(p)
@@ -196,8 +238,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{statistics.median(done_s):.1f}" if done_s else "-",
             ])  # fmt: skip
 
-        run("plain", coscheduling=False)
-        run("coscheduling", coscheduling=True)
+        run("plain", "none")
+        run("coscheduling", "coscheduling")
+        run("workload", "workload")
     finally:
         for p in procs:
             if p.poll() is None:
@@ -210,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\n{args.gangs} gangs of {args.size} pods x {args.gpus} GPUs "
         f"({args.gangs * args.size * args.gpus} GPUs) on {args.nodes} x 8 = {args.nodes * 8} GPUs, "
-        "real kube-apiserver, the gpudaemon extender (binpack) in both runs"
+        "real kube-apiserver, the gpudaemon extender (binpack) in every run"
     )
     print_table(
         ["scheduler", "complete gangs", "partial gangs", "GPUs held by partial gangs",

@@ -565,7 +565,18 @@ def values_schema() -> str:
                 "plugins": MAP,
                 "gang": obj(
                     {
+                        # workload: Kubernetes' GangScheduling; coscheduling:
+                        # scheduler-plugins; "": `enabled` decides (the older switch).
+                        "mode": {
+                            "type": "string",
+                            "enum": ["", "none", "coscheduling", "workload"],
+                        },
                         "enabled": B,
+                        "featureGates": {
+                            "type": "array",
+                            "minItems": 1,
+                            "items": {"type": "string", "pattern": "^[A-Za-z0-9]+=(true|false)$"},
+                        },
                         "image": obj(
                             {
                                 "repository": {"type": "string", "minLength": 1},

@@ -84,6 +84,9 @@ class ClusterState:
         # A gang's pods wait at Coscheduling's Permit, unbound, until the whole gang has
         # nodes (up to its scheduleTimeoutSeconds): their GPUs stay counted that long.
         self.gang_assume_ttl_s = max(assume_ttl_s, gang_assume_ttl_s)
+        # Whether a gang's pods may wait at Permit (the extender asks its pending pods:
+        # a native PodGroup's do not, and get the plain TTL).
+        self.gang_waits: Callable[[str], bool] = lambda gang: True
         self.clock, self.wall = clock, wall
         self._lock = threading.RLock()
         self._nodes: dict[str, NodeState] = {}  # without pod usage
@@ -286,7 +289,7 @@ class ClusterState:
         with self._lock:
             if pod_uid in self._usage.pods:  # already bound: nothing to assume
                 return
-            ttl = self.gang_assume_ttl_s if gang else self.assume_ttl_s
+            ttl = self.gang_assume_ttl_s if gang and self.gang_waits(gang) else self.assume_ttl_s
             self._usage.assume(pod_uid, node, shape, self.clock(), ttl, gang, self.wall())
 
     def unassume_if_failed_since(self, pod_uid: str, failed_at: float) -> None:

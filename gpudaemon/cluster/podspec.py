@@ -161,13 +161,32 @@ def pod_shape(pod: Mapping[str, Any], product_label: str) -> PodShape:
     )
 
 
+def native_pod_group(pod: Mapping[str, Any]) -> str:
+    """The PodGroup the pod names in spec.schedulingGroup (Kubernetes' own gang
+    scheduling), "" for none. kube-scheduler places such a gang in one group cycle, so
+    its pods do not wait unbound at Permit as Coscheduling's do."""
+    ref = (pod.get("spec") or {}).get("schedulingGroup")
+    name = ref.get("podGroupName") if isinstance(ref, Mapping) else None
+    return name if isinstance(name, str) else ""
+
+
 def pod_gang(pod: Mapping[str, Any]) -> str:
-    """`namespace/podgroup` of the pod's gang, "" when it is in none."""
+    """`namespace/podgroup` of the pod's gang, "" when it is in none.
+
+    Kubernetes' own gang scheduling (the Workload API, GenericWorkload: beta in 1.37)
+    names the pod's PodGroup in `spec.schedulingGroup.podGroupName`; scheduler-plugins'
+    Coscheduling names its PodGroup in a label. The native reference wins: it is what
+    kube-scheduler's GangScheduling plug-in holds the pod to. Either way the key is
+    the same shape, so the extender and the rebalancer need not know which it is."""
     meta = pod.get("metadata") or {}
+    ns = meta.get("namespace") or ""
+    native = native_pod_group(pod)
+    if native:
+        return f"{ns}/{native}"
     group = (meta.get("labels") or {}).get(GANG_LABEL)
     if not isinstance(group, str) or not group:
         return ""
-    return f"{meta.get('namespace') or ''}/{group}"
+    return f"{ns}/{group}"
 
 
 MAX_POLICY_NAME = 63  # policy names are short; the annotation may hold 256 KiB

@@ -124,6 +124,8 @@ class ExtenderConfig(_Section):
     # Coscheduling's Permit, unbound, until the whole gang has nodes, up to the
     # PodGroup's scheduleTimeoutSeconds. Keep this above that timeout. A pod the
     # scheduler tries again stops being counted at once, so a long value costs nothing.
+    # A native PodGroup's pod (spec.schedulingGroup) gets assume_ttl_seconds: it is
+    # placed in one group cycle and never waits at Permit.
     gang_assume_ttl_seconds: Annotated[Number, Field(ge=1, le=3600)] = 600.0
     # How many of the policy's best nodes /filter passes on (0: every node that fits).
     # 1 is HAMi's style: the pick alone, no /prioritize call, in-tree scores have no say.

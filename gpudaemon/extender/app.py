@@ -97,6 +97,7 @@ class Extender:
             gang_assume_ttl_s=ext.gang_assume_ttl_seconds,
         )
         self.pending = PendingPods(self.cluster.product_label)
+        self.cluster.gang_waits = self.pending.waits_at_permit
         # The rebalancer's reservations: read from its Lease, which the Lease watch of
         # the agents' namespace sees anyway (reservations.py).
         self.reservations = LeaseReservations()

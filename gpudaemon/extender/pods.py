@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpudaemon.cluster.podspec import pod_gang, pod_shape
+from gpudaemon.cluster.podspec import native_pod_group, pod_gang, pod_shape
 from gpudaemon.cluster.state import PodShape
 from gpudaemon.config import DNS1123_SUBDOMAIN
 from gpudaemon.errors import KubeError, KubeNotFoundError
@@ -39,8 +39,9 @@ class RealPod:
     namespace: str
     name: str
     shape: PodShape
-    gang: str = ""  # namespace/podgroup (Coscheduling's label), "" for none
+    gang: str = ""  # namespace/podgroup (native PodGroup or Coscheduling's), "" for none
     priority: int = 0
+    native_gang: bool = False  # of a native PodGroup (spec.schedulingGroup)
 
 
 def priority_of(obj: Obj) -> int:
@@ -73,6 +74,7 @@ class PendingPods:
             shape,
             pod_gang(obj),
             priority_of(obj),
+            bool(native_pod_group(obj)),
         )
 
     def replace(self, items: Iterable[Obj]) -> None:
@@ -114,6 +116,16 @@ class PendingPods:
         """The gang's pods that are not bound yet (waiting at Permit included)."""
         with self._lock:
             return list(self._gangs.get(gang, {}).values())
+
+    def waits_at_permit(self, gang: str) -> bool:
+        """Whether the gang's pods may wait unbound at Permit for the rest (Coscheduling),
+        so an assumption of one must outlive the plain TTL. A native gang is placed in
+        one group cycle: a member assumed in a cycle that failed is never tried again
+        until something changes, so its assumption must not hold GPUs for long. True
+        for a gang of which no pending pod is known: the old, cautious rule."""
+        with self._lock:
+            members = self._gangs.get(gang)
+            return not members or not all(p.native_gang for p in members.values())
 
     def get(self, uid: str) -> RealPod | None:
         with self._lock:

@@ -60,7 +60,8 @@ class PodFacts:
     terminating: bool = False  # deleted (or evicted) already: its GPUs free up soon
     # Pending only: the scheduler tried it and found no node (PodScheduled=False).
     unschedulable: bool = False
-    gang: str = ""  # "ns/podgroup" (scheduling.x-k8s.io/pod-group), "" when none
+    # "ns/podgroup" (spec.schedulingGroup or scheduling.x-k8s.io/pod-group), "" if none
+    gang: str = ""
     scheduler: str = ""  # spec.schedulerName
 
     @property
@@ -357,6 +358,8 @@ def defragment(
                 for p in running.get(node, ())
                 if p.opted_in and p.owned and not p.cannot_judge and not p.terminating
                 and p.priority <= pending.priority and p.shape.gpus > 0 and not p.shape.mig
+                # A gang runs as one unit: evicting one member breaks the whole job.
+                and not p.gang
             ),
             key=lambda p: (-p.shape.gpus, p.key),
         )  # fmt: skip

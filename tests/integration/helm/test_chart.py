@@ -119,6 +119,37 @@ def test_extender_and_scheduler_can_be_switched_off(helm: str) -> None:
     assert components == {"agent", "dashboards"}
 
 
+def test_gang_modes_workload_coscheduling_and_the_older_switch(helm: str) -> None:
+    """mode workload: the stock image, GangScheduling, the gate, RBAC for the native
+    objects, no CRD; mode coscheduling and the older `enabled: true`: the same
+    scheduler-plugins setup; mode wins over `enabled`."""
+
+    def render(*sets: str) -> tuple[str, list[str], list[str], list[str]]:
+        docs = template(helm, *[a for kv in sets for a in ("--set", kv)])
+        conf = yaml.safe_load(one(docs, "ConfigMap", "gpudaemon-scheduler")["data"]["config.yaml"])
+        dep = one(docs, "Deployment", "gpudaemon-scheduler")["spec"]["template"]["spec"]
+        sched = next(c for c in dep["containers"] if c["name"] == "kube-scheduler")
+        enabled = conf["profiles"][0].get("plugins", {}).get("multiPoint", {}).get("enabled", [])
+        return sched["image"], [p["name"] for p in enabled], sched["command"], kinds(docs)
+
+    image, plugins, command, objs = render("scheduler.gang.mode=workload")
+    assert image.startswith("registry.k8s.io/kube-scheduler:") and plugins == ["GangScheduling"]
+    assert "--feature-gates=GenericWorkload=true" in command
+    assert "ClusterRole/gpudaemon-scheduler-gang" in objs
+    assert not [o for o in objs if o.startswith("CustomResourceDefinition/")]
+    for sets in (["scheduler.gang.mode=coscheduling"], ["scheduler.gang.enabled=true"]):
+        image, plugins, command, objs = render(*sets)
+        assert "scheduler-plugins" in image and plugins == ["Coscheduling"], sets
+        assert not [a for a in command if a.startswith("--feature-gates")]
+        assert "CustomResourceDefinition/podgroups.scheduling.x-k8s.io" in objs
+    image, plugins, _, _ = render("scheduler.gang.enabled=true", "scheduler.gang.mode=workload")
+    assert plugins == ["GangScheduling"]
+    for sets in ([], ["scheduler.gang.enabled=true", "scheduler.gang.mode=none"]):
+        image, plugins, command, objs = render(*sets)
+        assert plugins == [] and "scheduler-plugins" not in image, sets
+        assert "ClusterRole/gpudaemon-scheduler-gang" not in objs
+
+
 def test_agent_pod_placement_identity_mounts_and_lockdown(helm: str) -> None:
     ds = one(template(helm), "DaemonSet", "gpudaemon")
     pod = ds["spec"]["template"]["spec"]
@@ -286,6 +317,10 @@ def test_one_prefix_for_agent_and_policy(helm: str) -> None:
             "at '/agent/config/kubernetes/lease_duration_seconds': minimum: got 5, want 10",
         ),
         (
+            ["--set", "scheduler.gang.mode=volcano"],
+            "at '/scheduler/gang/mode': value must be one of",
+        ),
+        (
             ["--set", "agent.resources.requests=64Mi"],
             "at '/agent/resources/requests': got string, want object",
         ),
@@ -326,7 +361,11 @@ def _resources(cluster: Cluster) -> dict[tuple[str, str], tuple[str, bool, str]]
     return out
 
 
-@pytest.mark.parametrize("values", [[], ["-f", str(EVERYTHING)]], ids=["default", "everything"])
+@pytest.mark.parametrize(
+    "values",
+    [[], ["-f", str(EVERYTHING)], ["--set", "scheduler.gang.mode=workload"]],
+    ids=["default", "everything", "gang-workload"],
+)
 def test_every_rendered_object_passes_server_side_dry_run(
     helm: str, cluster: Cluster, values: list[str], tmp_path: Path
 ) -> None:

@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +70,13 @@ def _kubeconfig(path: Path, server: str, user: str, token: str, ca: Path) -> Pat
 
 
 class ControlPlane:
-    def __init__(self, bin_dir: Path, workdir: Path | None = None) -> None:
+    def __init__(
+        self, bin_dir: Path, workdir: Path | None = None, apiserver_args: Sequence[str] = ()
+    ) -> None:
+        """`apiserver_args`: more kube-apiserver flags (feature gates, runtime-config
+        for a beta API such as scheduling.k8s.io/v1beta1)."""
         self.bin = bin_dir
+        self.apiserver_args = tuple(apiserver_args)
         self.dir = workdir or Path(tempfile.mkdtemp(prefix="gpudaemon-kube-"))
         self._own_dir = workdir is None
         self.etcd_port, self.peer_port, self.port = free_port(), free_port(), free_port()
@@ -156,6 +162,7 @@ class ControlPlane:
                     f"--service-account-signing-key-file={d / 'sa.key'}",
                     "--disable-admission-plugins=ServiceAccount",
                     "--v=0",
+                    *self.apiserver_args,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

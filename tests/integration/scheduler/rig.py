@@ -14,7 +14,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +64,13 @@ class SchedulerRig:
         tls: dict[str, str] | None = None,
         conf: dict[str, Any] | None = None,
         binary: str = "kube-scheduler",
+        args: Sequence[str] = (),
     ) -> None:
         """`url`: an extender other than the in-process one (a real `gpudaemon
         extender` process); `tls`: kube-scheduler's extender tlsConfig (mutual TLS);
         `conf`: another KubeSchedulerConfiguration than the shipped example (the
-        chart's gang one); `binary`: kube-scheduler-plugins for Coscheduling."""
+        chart's gang one); `binary`: kube-scheduler-plugins for Coscheduling; `args`:
+        more flags (the chart's --feature-gates for native gang scheduling)."""
         conf = conf or yaml.safe_load(SCHED_CONFIG.read_text())
         conf["leaderElection"] = {"leaderElect": False}
         conf["clientConnection"] = {"kubeconfig": str(self.cp.admin_kubeconfig)}
@@ -98,6 +100,7 @@ class SchedulerRig:
                 f"--authentication-kubeconfig={self.cp.admin_kubeconfig}",
                 f"--authorization-kubeconfig={self.cp.admin_kubeconfig}",
                 "--v=2",
+                *args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -225,7 +228,9 @@ class SchedulerRig:
         name: str | None = None,
         selector: dict[str, str] | None = None,
         labels: dict[str, str] | None = None,
+        spec_extra: dict[str, Any] | None = None,
     ) -> str:
+        """`spec_extra`: more pod spec fields (a native gang's schedulingGroup)."""
         name = name or f"p-{uuid.uuid4().hex[:8]}"
         res: dict[str, Any] = {"cpu": f"{gpus}", "memory": f"{gpus * 8}Gi"}
         if gpus:
@@ -247,6 +252,7 @@ class SchedulerRig:
         }
         if node:
             spec["nodeName"] = node
+        spec.update(spec_extra or {})
         self.cp.admin.request(
             "POST",
             f"/api/v1/namespaces/{NS}/pods",

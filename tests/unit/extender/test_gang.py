@@ -21,6 +21,7 @@ from gpudaemon.cluster.policies.migpack import MigPack
 from gpudaemon.cluster.scoring import Gang, best_nodes, gang_scores, to_levels
 from gpudaemon.cluster.state import NodeState, PodShape
 from gpudaemon.extender.api import ExtenderApi
+from gpudaemon.extender.pods import PendingPods
 from tests.clock import FakeClock
 from tests.unit.extender.test_api import call, make_api
 from tests.unit.extender.test_cluster import lease_obj, node_obj, pod_obj
@@ -39,6 +40,24 @@ def test_the_gang_is_namespaced() -> None:
     assert pod_gang(pod_obj("u")) == ""
 
 
+def native_pod(uid: str, gpus: int, group: str = "train", node: str = "") -> dict[str, Any]:
+    """A pod of Kubernetes' own PodGroup (Workload API): spec.schedulingGroup."""
+    p = pod_obj(uid, node, gpus)
+    p["spec"]["schedulingGroup"] = {"podGroupName": group}
+    return p
+
+
+def test_a_native_pod_group_is_a_gang_and_wins_over_the_label() -> None:
+    assert pod_gang(native_pod("u", 1)) == "default/train"
+    both = native_pod("u", 1, group="native")
+    both["metadata"]["labels"] = {GANG_LABEL: "cosched"}
+    assert pod_gang(both) == "default/native"  # what kube-scheduler holds it to
+    for bad in ({}, {"podGroupName": ""}, {"podGroupName": 3}, "x", None):
+        odd = pod_obj("u")
+        odd["spec"]["schedulingGroup"] = bad
+        assert pod_gang(odd) == ""
+
+
 def test_a_waiting_gang_pod_stays_counted_past_the_plain_ttl_until_tried_again() -> None:
     clock = FakeClock()
     c = ClusterState(assume_ttl_s=30, gang_assume_ttl_s=600, clock=clock)
@@ -51,6 +70,26 @@ def test_a_waiting_gang_pod_stays_counted_past_the_plain_ttl_until_tried_again()
     c.unassume("g1")  # the scheduler tries it again: its placement did not happen
     assert c.states(["a"])["a"].gpus_free == 8  # type: ignore[union-attr]
     assert c.gang_nodes("default/train") == {}
+
+
+def test_a_native_gang_pod_gets_the_plain_ttl_a_coscheduling_one_the_long_one() -> None:
+    """A native gang is placed in one group cycle; a member assumed in a cycle that
+    failed is not tried again until something changes, so no event voids it: it must
+    not hold its GPUs for Coscheduling's Permit wait."""
+    clock = FakeClock()
+    c = ClusterState(assume_ttl_s=30, gang_assume_ttl_s=600, clock=clock)
+    pending = PendingPods(c.product_label)
+    c.gang_waits = pending.waits_at_permit
+    c.replace_nodes([node_obj("a"), node_obj("b", uid="u2")])
+    pending.replace([native_pod("n1", 8, group="wl"), gang_pod("c1", 8, group="co")])
+    c.assume("n1", "a", PodShape(8), gang="default/wl")
+    c.assume("c1", "b", PodShape(8), gang="default/co")
+    c.assume("u1", "b", PodShape(0), gang="default/unknown")  # no GPUs: not counted
+    clock.t += 31
+    states = c.states(["a", "b"])
+    assert states["a"] is not None and states["a"].gpus_free == 8  # native: expired
+    assert states["b"] is not None and states["b"].gpus_free == 0  # Coscheduling: held
+    assert pending.waits_at_permit("default/unknown")  # none known: the cautious rule
 
 
 def test_bound_gang_pods_mark_their_nodes_and_a_relist_keeps_assumptions() -> None:

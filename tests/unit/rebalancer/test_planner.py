@@ -213,6 +213,34 @@ def test_only_opted_in_owned_lower_priority_pods_move() -> None:
                       BINPACK) is not None  # equal priority may move  # fmt: skip
 
 
+def test_a_running_gang_is_never_broken_up_to_make_room() -> None:
+    """Evicting one member of a gang (native PodGroup or Coscheduling) breaks the whole
+    job: gang pods are never victims, though they match every other rule."""
+    base, _ = cluster({"n1": 6, "n2": 6, "n3": 6, "n4": 6})
+    running = {
+        n: [pod(f"{n}-p{i}", n, gang=f"ml/{n}") for i in range(6)] for n in ("n1", "n2", "n3", "n4")
+    }
+    assert defragment(pod("big", gpus=8), base, fresh(base), facts(base), running,
+                      BINPACK) is None  # fmt: skip
+    running["n1"] = [pod(f"n1-p{i}", "n1") for i in range(6)]  # one node of plain pods
+    plan = defragment(pod("big", gpus=8), base, fresh(base), facts(base), running, BINPACK)
+    assert plan is not None and plan.node == "n1"
+    assert all(not v.gang for v in plan.victims)
+
+
+def test_a_native_gang_pod_is_a_gang_to_the_planner() -> None:
+    """A pod of a Workload's PodGroup (spec.schedulingGroup) is a gang member: pending,
+    no room is made for it alone; running, it is not a victim."""
+    native = {"schedulingGroup": {"podGroupName": "train-0"}, "priority": 0}
+    running = pod_facts(pod_obj(spec=native), PRODUCT, lambda lab: True)
+    assert running is not None and running.gang == "ml/train-0"
+    states, _ = cluster({"n1": 6, "n2": 6, "n3": 6, "n4": 6})
+    pending = pod("p", gpus=8, gang=running.gang)
+    assert defragment(pending, states, fresh(states), facts(states),
+                      {n: [pod(f"{n}-x{i}", n) for i in range(6)] for n in states},
+                      BINPACK) is None  # fmt: skip
+
+
 def test_stale_nodes_are_neither_emptied_nor_filled() -> None:
     states, running = cluster({"n1": 6, "n2": 6, "n3": 6, "n4": 6, "n5": 6})
     plan = defragment(

@@ -63,6 +63,17 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-scheduler" (include "gpudaemon.fullname" .) -}}
 {{- end -}}
 
+{{/* Which gang scheduling the gpudaemon-scheduler profile runs: "workload"
+(Kubernetes' own GangScheduling plug-in, the Workload API), "coscheduling"
+(scheduler-plugins' Coscheduling and its image), or "" for none. `gang.mode` wins;
+without it the older `gang.enabled: true` means coscheduling. */}}
+{{- define "gpudaemon.scheduler.gangMode" -}}
+{{- $g := .Values.scheduler.gang -}}
+{{- if and $g.mode (ne $g.mode "none") -}}{{ $g.mode }}
+{{- else if and (not $g.mode) $g.enabled -}}coscheduling
+{{- end -}}
+{{- end -}}
+
 {{- define "gpudaemon.scheduler.serviceAccountName" -}}
 {{- default (include "gpudaemon.scheduler.fullname" .) .Values.scheduler.serviceAccount.name -}}
 {{- end -}}
