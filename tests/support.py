@@ -124,9 +124,13 @@ def scrape(url: str, name: str, *, required: bool = False, **labels: str) -> flo
 
 
 def start_agent(
-    args: Sequence[str], env: dict[str, str] | None = None, log: Path | None = None
+    args: Sequence[str],
+    env: dict[str, str] | None = None,
+    log: Path | None = None,
+    cwd: Path = REPO,
 ) -> subprocess.Popen[bytes]:
-    """`gpudaemon <args>` as a real subprocess of this interpreter."""
+    """`gpudaemon <args>` as a real subprocess of this interpreter (`cwd` holding the
+    gpudaemon package it runs: bench/memory runs an earlier commit's copy)."""
     full_env = {**os.environ, **(env or {})}
     out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - owned by the process
     return subprocess.Popen(
@@ -134,7 +138,7 @@ def start_agent(
         env=full_env,
         stdout=out,
         stderr=subprocess.STDOUT,
-        cwd=REPO,
+        cwd=cwd,
     )
 
 
@@ -169,6 +173,7 @@ def start_agent_in_pod(
     server: str,
     log: Path | None = None,
     token_reread_s: float | None = None,
+    cwd: Path = REPO,
 ) -> subprocess.Popen[bytes]:
     """`gpudaemon <args>` as a pod runs it: the API server only in
     $KUBERNETES_SERVICE_HOST/PORT, credentials only in `sa_dir` (no kubeconfig)."""
@@ -186,7 +191,7 @@ def start_agent_in_pod(
         env=env,
         stdout=out,
         stderr=subprocess.STDOUT,
-        cwd=REPO,
+        cwd=cwd,
     )
 
 
