@@ -68,10 +68,11 @@ IMPORT_STEPS = (
     ("pynvml (the module; nvmlInit is the allowance)", "pynvml"),
 )
 
-RUNS = (  # (name, kubelet socket present, in a pod)
-    ("kubeconfig, no kubelet socket", False, False),
-    ("in a pod (service account), no kubelet socket", False, True),
-    ("in a pod, kubelet socket (the chart's default)", True, True),
+RUNS = (  # (name, kubelet socket present, in a pod, InfluxDB on)
+    ("kubeconfig, no kubelet socket", False, False, True),
+    ("in a pod (service account), no kubelet socket", False, True, True),
+    ("in a pod, kubelet socket (the chart's default)", True, True, True),
+    ("in a pod, kubelet socket, history off", True, True, False),
 )
 
 
@@ -113,6 +114,7 @@ def run_agent(
     socket: str,
     in_cluster: bool,
     code: Path,
+    history: bool = True,
 ) -> tuple[float, float, int]:
     """One agent from the gpudaemon package under `code`: its RSS and peak after
     `seconds`, and how many GPU series its /metrics had."""
@@ -121,13 +123,16 @@ def run_agent(
     cp.create_node(node)
     cfg = tmp / f"{node}.yaml"
     kube = "" if in_cluster else f"kubernetes: {{kubeconfig: '{cp.agent_kubeconfig}'}}\n"
+    influxdb = (
+        f"influxdb: {{url: '{influx.url}', bucket: '{db}/autogen', spool_dir: '{tmp / node}'}}\n"
+        if history
+        else ""
+    )
     cfg.write_text(
         f"node_name: {node}\nsimulate: h100-measured\n"
         f"metrics: {{listen: '127.0.0.1:{port}', pod_resources_socket: '{socket}'}}\n"
         "labels: {to: apiserver}\n"
-        f"{kube}"
-        f"influxdb: {{url: '{influx.url}', bucket: '{db}/autogen',"
-        f" spool_dir: '{tmp / node}'}}\n"
+        f"{kube}{influxdb}"
         "schedules: {telemetry: '* * * * * *', history: '*/10 * * * * *'}\n"
     )
     args = ["run", "--config", str(cfg)]
@@ -153,7 +158,7 @@ def run_agent(
             time.sleep(1.0)
         labelled = cp.node(node)["metadata"].get("labels", {}).get("gpudaemon.io/gpu.count")
         assert labelled == "8", "the agent did not label its Node"
-        assert influx.points(db, field="power_watts"), "the agent wrote no history"
+        assert not history or influx.points(db, field="power_watts"), "no history written"
         rss, peak = rss_mib(proc.pid)
     finally:
         stop(proc)
@@ -195,10 +200,10 @@ def main() -> int:
             influx.start()
             db = influx.create_database("mem")
             sockets = {False: str(tmp / "absent.sock"), True: str(tmp / "kubelet.sock")}
-            for name, socket, pod in RUNS:  # before and after side by side, run by run
+            for name, socket, pod, history in RUNS:  # before and after, side by side
                 for which, code in codes:
                     results[(name, which)] = run_agent(
-                        cp, influx, db, tmp, args.seconds, sockets[socket], pod, code
+                        cp, influx, db, tmp, args.seconds, sockets[socket], pod, code, history
                     )
         finally:
             kubelet.stop()
@@ -220,8 +225,8 @@ def main() -> int:
         )
     print_table(
         (
-            "agent (h100-measured, labels + Lease to kube-apiserver, InfluxDB on, "
-            "/metrics scraped 1/s)",
+            "agent (h100-measured, labels + Lease to kube-apiserver, InfluxDB on unless "
+            "said, /metrics scraped 1/s)",
             "code",
             "RSS MiB",
             "peak MiB",

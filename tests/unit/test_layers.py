@@ -52,3 +52,22 @@ def test_no_bench_imports_the_wiring_even_through_a_test_helper() -> None:
                 if f.exists():
                     todo.append(f)
     assert offenders == []
+
+
+@pytest.mark.parametrize(
+    ("package", "owners"),
+    [
+        ("kubernetes", {"kube/client.py", "kube/incluster.py"}),
+        ("influxdb_client", {"history/transport.py"}),
+    ],
+)
+def test_each_client_package_has_one_boundary(package: str, owners: set[str]) -> None:
+    """One module per outside system (docs/architecture.md): the official clients are
+    imported there and nowhere else, so their errors are mapped to ours in one place."""
+    importers = {
+        str(p.relative_to(PKG))
+        for p in PKG.rglob("*.py")
+        if "_gen" not in p.parts
+        and any(m == package or m.startswith(package + ".") for m in imported_modules(p))
+    }
+    assert importers == owners
