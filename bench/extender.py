@@ -45,16 +45,16 @@ from loguru import logger
 from prometheus_client import CollectorRegistry
 
 from bench.table import print_table
+from gpudaemon.agent.cache import Cache
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
-from gpudaemon.cache import Cache
+from gpudaemon.cluster.clusterstate import ClusterState
+from gpudaemon.cluster.policies.fragmentation import Fragmentation
+from gpudaemon.cluster.reservations import LeaseReservations, Reservation, encode
+from gpudaemon.cluster.state import PodShape
 from gpudaemon.config import load_config
 from gpudaemon.extender.api import ExtenderApi
 from gpudaemon.extender.app import make_policies
-from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.extender.pods import PendingPods, PodVerifier
-from gpudaemon.extender.policies.fragmentation import Fragmentation
-from gpudaemon.extender.reservations import LeaseReservations, Reservation, encode
-from gpudaemon.extender.state import PodShape
 from gpudaemon.httpserver import HttpServer
 from gpudaemon.kube.lease import micro_time
 from gpudaemon.labels import NodeLabeler

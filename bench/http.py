@@ -71,12 +71,12 @@ def bench_app() -> Callable[..., Iterable[bytes]]:
     dgx-h100), plus POST /echo."""
     from prometheus_client import CollectorRegistry
 
+    from gpudaemon.agent.cache import Cache
+    from gpudaemon.agent.metrics.collector import GpuCollector, ReadingAgeCollector
+    from gpudaemon.agent.metrics.http import make_app
+    from gpudaemon.agent.metrics.selfmetrics import AgentMetrics
+    from gpudaemon.agent.poller import Poller
     from gpudaemon.backends.simulated import SimulatedBackend, load_profile
-    from gpudaemon.cache import Cache
-    from gpudaemon.metrics.collector import GpuCollector, ReadingAgeCollector
-    from gpudaemon.metrics.http import make_app
-    from gpudaemon.metrics.selfmetrics import AgentMetrics
-    from gpudaemon.poller import Poller
 
     registry, head = CollectorRegistry(), CollectorRegistry()
     registry.register(head)

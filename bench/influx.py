@@ -25,11 +25,11 @@ from loguru import logger
 from prometheus_client import CollectorRegistry
 
 from bench.table import print_table
+from gpudaemon.agent.cache import Cache
+from gpudaemon.agent.poller import Poller
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
-from gpudaemon.cache import Cache
 from gpudaemon.config import load_config
 from gpudaemon.history.writer import InfluxWriter
-from gpudaemon.poller import Poller
 from tests.clock import FakeClock
 from tests.integration.influx.server import InfluxServer
 from tests.support import tools_bin

@@ -57,8 +57,11 @@ IMPORT_STEPS = (
     ("pydantic, pydantic-settings, yaml", "pydantic_settings, yaml"),
     ("apscheduler, prometheus-client", "apscheduler, prometheus_client"),
     ("gpudaemon.config (the settings models)", "gpudaemon.config"),
-    ("gpudaemon.app, gpudaemon.cli (wiring, HTTP server)", "gpudaemon.app, gpudaemon.cli"),
-    ("our API client and label sink (no kubernetes yet)", "gpudaemon.kube.nodelabels"),
+    (
+        "gpudaemon.agent.app, gpudaemon.cli (wiring, HTTP server)",
+        "gpudaemon.agent.app, gpudaemon.cli",
+    ),
+    ("our API client and label sink (no kubernetes yet)", "gpudaemon.agent.nodelabels"),
     ("urllib3, dateutil (under both official clients)", "urllib3, dateutil.parser"),
     ("requests, oauthlib (kubernetes' kubeconfig loader)", "requests, requests_oauthlib"),
     ("kubernetes (ApiClient, config; models are lazy)", "kubernetes"),

@@ -69,8 +69,8 @@ from typing import Any
 import yaml
 
 from bench.table import table
+from gpudaemon.agent.cache import Cache
 from gpudaemon.backends.simulated import Profile, SimulatedBackend
-from gpudaemon.cache import Cache
 from gpudaemon.config import load_config
 from gpudaemon.labels import NodeLabeler
 from tests.integration.kube.controlplane import ControlPlane

@@ -26,12 +26,12 @@ from datetime import UTC, datetime
 from prometheus_client import CollectorRegistry
 
 from bench.table import print_table
+from gpudaemon.agent.cache import Cache
+from gpudaemon.agent.metrics.selfmetrics import AgentMetrics
+from gpudaemon.agent.poller import Poller
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile, parse_profile
-from gpudaemon.cache import Cache
 from gpudaemon.labels import NodeLabeler
-from gpudaemon.metrics.selfmetrics import AgentMetrics
 from gpudaemon.model import GpuSample, NodeInventory
-from gpudaemon.poller import Poller
 from gpudaemon.schedule import Job, JobRunner
 
 TARGET_MS = 0.3  # the agent's own cost per GPU per cycle

@@ -31,10 +31,10 @@ from prometheus_client import CollectorRegistry
 
 from bench.extender import lease_obj, node_obj, pod_obj
 from bench.table import print_table
+from gpudaemon.cluster.policies.base import Policy
+from gpudaemon.cluster.scoring import check_node
+from gpudaemon.cluster.state import NodeState
 from gpudaemon.config import Config
-from gpudaemon.extender.policies.base import Policy
-from gpudaemon.extender.scoring import check_node
-from gpudaemon.extender.state import NodeState
 from gpudaemon.rebalancer.app import Rebalancer
 from gpudaemon.rebalancer.planner import (
     NodeFacts,
@@ -62,11 +62,11 @@ def exhaustive(
     """The first version's search, kept as the baseline and as the tests' oracle
     (tests/property/test_defragment.py): every node's plan, each evicted pod placed by
     scoring every node."""
-    if pending.shape.gpus <= 0 or pending.shape.mig or pending.other_affinity:
+    if pending.shape.gpus <= 0 or pending.shape.mig or pending.cannot_judge:
         return None
     if pending.gang or not pending.unschedulable:
         return None
-    if Placer(states, fresh, facts, policy).fits_now(pending):
+    if Placer(states, fresh, facts, policy, running).fits_now(pending):
         return None
     best: Plan | None = None
     for node, st in sorted(states.items()):
@@ -79,7 +79,7 @@ def exhaustive(
         need = pending.shape.gpus - st.gpus_free
         movable = sorted(
             (p for p in running.get(node, ())
-             if p.opted_in and p.owned and not p.other_affinity and not p.terminating
+             if p.opted_in and p.owned and not p.cannot_judge and not p.terminating
              and p.priority <= pending.priority and p.shape.gpus > 0 and not p.shape.mig),
             key=lambda p: (-p.shape.gpus, p.key),
         )  # fmt: skip

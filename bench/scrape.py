@@ -25,11 +25,11 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from bench.table import print_table
+from gpudaemon.agent.cache import Cache
+from gpudaemon.agent.metrics.collector import GpuCollector
+from gpudaemon.agent.metrics.http import make_app
+from gpudaemon.agent.metrics.selfmetrics import AgentMetrics
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
-from gpudaemon.cache import Cache
-from gpudaemon.metrics.collector import GpuCollector
-from gpudaemon.metrics.http import make_app
-from gpudaemon.metrics.selfmetrics import AgentMetrics
 from tests.support import free_port, http_get, start_agent, stop, wait_for
 
 REPO = Path(__file__).resolve().parent.parent

@@ -10,14 +10,14 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from gpudaemon.agent.cache import Cache
+from gpudaemon.agent.metrics.selfmetrics import AgentMetrics
+from gpudaemon.agent.nodelabels import NodeLabelSink
+from gpudaemon.agent.poller import Poller
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
-from gpudaemon.cache import Cache
 from gpudaemon.config import Config, load_config
 from gpudaemon.kube.client import find_credentials
-from gpudaemon.kube.nodelabels import NodeLabelSink
 from gpudaemon.labels import NodeLabeler
-from gpudaemon.metrics.selfmetrics import AgentMetrics
-from gpudaemon.poller import Poller
 from gpudaemon.schedule import Job, JobRunner
 
 

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.table import print_table
+from gpudaemon.agent.cache import Cache
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
-from gpudaemon.cache import Cache
 from gpudaemon.history.lines import lines_for
 from gpudaemon.history.spool import Spool
 

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 
 from bench.table import print_table
+from gpudaemon.cluster.clusterstate import ClusterState
 from gpudaemon.errors import BadValueError
-from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.labels.annotations import decode_gpus
 from tests.unit.extender.test_cluster import node_obj
 from tests.unit.test_untrusted import largest_agent_value

@@ -2,7 +2,7 @@
 
 Every per-GPU (and per-MIG-instance) series the agent exports is a row here: plain
 readings, health, lost, ECC by type, XID by code, the info series and the MIG series.
-The Prometheus collector (metrics/collector.py) and the InfluxDB line encoder
+The Prometheus collector (agent/metrics/collector.py) and the InfluxDB line encoder
 (history/lines.py) both iterate only this table, so a series cannot be exported one
 way and forgotten the other; tests/unit/test_catalogue.py fails if they drift.
 
@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from gpudaemon.health.signals import CLOCK_EVENT_REASONS, RECOVERY_ACTION_NAMES
+from gpudaemon.health.verdict import ACTIONS, STATES
 from gpudaemon.model import GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
 
 PREFIX = "gpudaemon_"
@@ -71,7 +73,9 @@ class Series:
             return MIG_LABELS
         if self.scope == "info":
             return (*GPU_LABELS, *INFO_LABELS)
-        return (*GPU_LABELS, self.label) if self.label else GPU_LABELS
+        # A row may carry two extra labels ("link,type"): its values then name both,
+        # comma-separated in the same order.
+        return (*GPU_LABELS, *self.label.split(",")) if self.label else GPU_LABELS
 
 
 def _reading(attr: str) -> GpuValues:
@@ -105,6 +109,64 @@ def _ecc(s: GpuSample) -> Iterable[tuple[str, Number]]:
 
 def _xid(s: GpuSample) -> Iterable[tuple[str, Number]]:
     return [(str(code), n) for code, n in sorted(s.xid_errors_total.items())]
+
+
+def _flag(attr: str) -> GpuValues:
+    """A 0/1 reading from a bool; absent when None."""
+
+    def read(s: GpuSample) -> Iterable[tuple[str, Number]]:
+        v = getattr(s, attr)
+        return () if v is None else (("", 1 if v else 0),)
+
+    return read
+
+
+def _remapped(s: GpuSample) -> Iterable[tuple[str, Number]]:
+    if s.remapped_rows_correctable is not None:
+        yield "correctable", s.remapped_rows_correctable
+    if s.remapped_rows_uncorrectable is not None:
+        yield "uncorrectable", s.remapped_rows_uncorrectable
+
+
+def _retired(s: GpuSample) -> Iterable[tuple[str, Number]]:
+    if s.retired_pages_single_bit is not None:
+        yield "single_bit", s.retired_pages_single_bit
+    if s.retired_pages_double_bit is not None:
+        yield "double_bit", s.retired_pages_double_bit
+
+
+def _recovery(s: GpuSample) -> Iterable[tuple[str, Number]]:
+    """Every known action, 1 for the current one (an unknown one of a newer driver too)."""
+    if s.recovery_action is None:
+        return []
+    names = dict.fromkeys((*RECOVERY_ACTION_NAMES, s.recovery_action))
+    return [(a, 1 if a == s.recovery_action else 0) for a in names]
+
+
+def _nvlink(s: GpuSample) -> Iterable[tuple[str, Number]]:
+    return [
+        (f"{link},{kind}", n)
+        for link, counts in sorted(s.nvlink_errors_total.items())
+        for kind, n in counts.items()
+    ]
+
+
+def _clock_active(s: GpuSample) -> Iterable[tuple[str, Number]]:
+    if s.clock_events_active is None:
+        return []
+    return [(r, 1 if r in s.clock_events_active else 0) for r in CLOCK_EVENT_REASONS]
+
+
+def _clock_seconds(s: GpuSample) -> Iterable[tuple[str, Number]]:
+    return sorted(s.clock_event_seconds_total.items())
+
+
+def _health_state(s: GpuSample) -> Iterable[tuple[str, Number]]:
+    return [(state, 1 if state == s.health_state else 0) for state in STATES]
+
+
+def _health_action(s: GpuSample) -> Iterable[tuple[str, Number]]:
+    return [(a, 1 if a == s.health_action else 0) for a in ACTIONS]
 
 
 def _info(inv: NodeInventory, g: GpuInfo) -> tuple[str, ...]:
@@ -203,6 +265,121 @@ CATALOGUE: tuple[Series, ...] = (
         influx_sum=True,
     ),
     Series(
+        "gpu_health_state",
+        "gauge",
+        "The GPU's health verdict: 1 for its state (healthy, degraded, unhealthy), 0 for "
+        "the others (docs/operations.md, GPU health).",
+        "gpu",
+        label="state",
+        gpu=_health_state,
+        influx_field="health_state_{}",
+        influx_type=int,
+    ),
+    Series(
+        "gpu_health_action",
+        "gauge",
+        "The action the GPU's verdict asks for: 1 for it (none, watch, drain, reset_gpu, "
+        "reboot_node, replace), 0 for the others.",
+        "gpu",
+        label="action",
+        gpu=_health_action,
+        influx_field="health_action_{}",
+        influx_type=int,
+    ),
+    Series(
+        "gpu_row_remap_pending",
+        "gauge",
+        "1 when a row remap is pending (takes effect on GPU reset), 0 when not; Ampere+.",
+        "gpu",
+        gpu=_flag("row_remap_pending"),
+        influx_field="row_remap_pending",
+        influx_type=int,
+    ),
+    Series(
+        "gpu_row_remap_failed",
+        "gauge",
+        "1 when a row remap failed (no spare rows left: replace the GPU), 0 when not.",
+        "gpu",
+        gpu=_flag("row_remap_failed"),
+        influx_field="row_remap_failed",
+        influx_type=int,
+    ),
+    Series(
+        "gpu_remapped_rows",
+        "gauge",
+        "Memory rows remapped so far, by the error that caused it (correctable, "
+        "uncorrectable); Ampere+.",
+        "gpu",
+        label="cause",
+        gpu=_remapped,
+        influx_field="remapped_rows_{}",
+        influx_type=int,
+    ),
+    Series(
+        "gpu_retired_pages",
+        "gauge",
+        "Memory pages retired so far, by cause (single_bit, double_bit); before Ampere.",
+        "gpu",
+        label="cause",
+        gpu=_retired,
+        influx_field="retired_pages_{}",
+        influx_type=int,
+    ),
+    Series(
+        "gpu_retired_pages_pending",
+        "gauge",
+        "1 when a page retirement is pending (takes effect on driver reload), 0 when not.",
+        "gpu",
+        gpu=_flag("retired_pages_pending"),
+        influx_field="retired_pages_pending",
+        influx_type=int,
+    ),
+    Series(
+        "gpu_recovery_action",
+        "gauge",
+        "The driver's recovery action for the GPU: 1 for the current one (none, "
+        "gpu_reset, node_reboot, drain_p2p, drain_and_reset), 0 for the others.",
+        "gpu",
+        label="action",
+        gpu=_recovery,
+        influx_field="recovery_action_{}",
+        influx_type=int,
+    ),
+    Series(
+        "gpu_nvlink_errors_total",
+        "counter",
+        "NVLink errors since the driver was loaded, by link and type (crc_flit, "
+        "crc_data, replay, recovery); read on schedules.health.",
+        "gpu",
+        label="link,type",
+        gpu=_nvlink,
+        # All links and types summed (per link and type in Prometheus).
+        influx_field="nvlink_errors_total",
+        influx_type=int,
+        influx_sum=True,
+    ),
+    Series(
+        "gpu_clock_event_active",
+        "gauge",
+        "1 while the clocks are slowed for the reason (hw_slowdown, hw_thermal, "
+        "sw_thermal, hw_power_brake), 0 when not.",
+        "gpu",
+        label="reason",
+        gpu=_clock_active,
+        influx_field="clock_event_{}_active",
+        influx_type=int,
+    ),
+    Series(
+        "gpu_clock_event_seconds_total",
+        "counter",
+        "Time the clocks were slowed for the reason since the driver was loaded "
+        "(hw_thermal, sw_thermal, hw_power_brake); read on schedules.health.",
+        "gpu",
+        label="reason",
+        gpu=_clock_seconds,
+        influx_field="clock_event_{}_seconds_total",
+    ),
+    Series(
         "mig_memory_used_bytes",
         "gauge",
         "Memory in use on a MIG instance.",
@@ -235,7 +412,7 @@ def influx_fields(row: Series, sample: GpuSample) -> dict[str, Number]:
     cast = row.influx_type
     if row.influx_sum:
         return {row.influx_field: cast(sum(v for _, v in values))}
-    return {row.influx_field.format(label): cast(v) for label, v in values}
+    return {row.influx_field.format(*label.split(",")): cast(v) for label, v in values}
 
 
 def mig_influx_fields(

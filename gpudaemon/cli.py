@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from gpudaemon import __version__
 from gpudaemon.errors import GpudaemonError, UsageError
 
 EXIT_USAGE = 2
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -90,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     rb.add_argument(
         "--identity",
         metavar="NAME",
-        help="holder identity in the leader Lease (default $POD_NAME, then the hostname)",
+        help="holder identity in the leader Lease (default: kubernetes.holder_identity if "
+        "set, else $POD_NAME or the hostname plus a random suffix, unique per process)",
     )
     rb.add_argument("--log-json", action="store_true", help="log one JSON object per line")
     rb.add_argument("--log-level", metavar="LEVEL", help="TRACE, DEBUG, INFO, WARNING, ERROR")
@@ -103,6 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--kubeconfig", metavar="FILE", help="default: $KUBECONFIG, then ~/.kube/config"
     )
     st.add_argument("-l", "--selector", default="", help="label selector for the nodes")
+    st.add_argument(
+        "-n",
+        "--namespace",
+        metavar="NS",
+        help="namespace of the agents' Leases (the chart's release namespace; default: "
+        "found by the Leases' label, else kubernetes.lease_namespace)",
+    )
     st.add_argument("-o", "--output", choices=["table", "json"], default="table")
     st.add_argument("--prefix", help="label prefix (default gpudaemon.io/)")
     st.add_argument(
@@ -163,6 +173,7 @@ _EXTENDER_FLAGS: Flags = {
 _REBALANCE_FLAGS: Flags = {
     "listen": ("rebalance", "listen"),
     "kubeconfig": ("kubernetes", "kubeconfig"),
+    "identity": ("kubernetes", "holder_identity"),
     **_LOG_FLAGS,
 }
 _STATUS_FLAGS: Flags = {
@@ -191,7 +202,7 @@ def _overrides(args: argparse.Namespace, flags: Flags = _RUN_FLAGS) -> dict[str,
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gpudaemon.app import Agent
+    from gpudaemon.agent.app import Agent
     from gpudaemon.config import load_config
     from gpudaemon.logsetup import setup_logging
 
@@ -220,9 +231,6 @@ def _extender(args: argparse.Namespace) -> int:
 
 
 def _rebalance(args: argparse.Namespace) -> int:
-    import os
-    import socket
-
     from gpudaemon.config import load_config
     from gpudaemon.logsetup import setup_logging
     from gpudaemon.rebalancer.app import Rebalancer
@@ -232,21 +240,20 @@ def _rebalance(args: argparse.Namespace) -> int:
         overrides.setdefault("rebalance", {})["dry_run"] = bool(args.dry_run)
     cfg = load_config(args.config, overrides=overrides, node_name_used=False)
     setup_logging(cfg.logging.level, cfg.logging.json_)
-    identity = args.identity or os.environ.get("POD_NAME") or socket.gethostname()
-    rb = Rebalancer(cfg, identity.strip())
+    rb = Rebalancer(cfg, cfg.kubernetes.leader_identity)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: rb.stop_event.set())
     return rb.run()
 
 
 def _probe(args: argparse.Namespace) -> int:
+    from gpudaemon.agent.cache import Cache
+    from gpudaemon.agent.poller import Poller
     from gpudaemon.backends import make_backend
-    from gpudaemon.cache import Cache
     from gpudaemon.config import load_config
     from gpudaemon.labels import NodeLabeler
     from gpudaemon.labels.sanitize import validate_prefix
     from gpudaemon.logsetup import setup_logging
-    from gpudaemon.poller import Poller
 
     setup_logging("WARNING")
     if args.prefix is not None:
@@ -276,6 +283,14 @@ def _probe(args: argparse.Namespace) -> int:
         if s is not None:
             reading = asdict(s)
             reading["xid_errors_total"] = {str(k): v for k, v in s.xid_errors_total.items()}
+            reading["nvlink_errors_total"] = {
+                str(k): dict(v) for k, v in s.nvlink_errors_total.items()
+            }
+            if s.clock_events_active is not None:
+                reading["clock_events_active"] = sorted(s.clock_events_active)
+            d["health"] = {"state": s.health_state, "action": s.health_action}
+            if s.health_reason:
+                d["health"]["reason"] = s.health_reason
             d["reading"] = {k: v for k, v in reading.items() if k not in ("index", "uuid")}
         gpus.append(d)
     if args.format == "json":
@@ -303,7 +318,9 @@ def _probe(args: argparse.Namespace) -> int:
         )
         temp = f"{s.temperature_celsius:.0f}C" if s and s.temperature_celsius is not None else "-"
         power = f"{s.power_watts:.0f}W" if s and s.power_watts is not None else "-"
-        health = "ok" if s is None or s.healthy else f"UNHEALTHY ({s.health_reason})"
+        health = "ok"
+        if s is not None and s.health_state != "healthy":
+            health = f"{s.health_state.upper()} ({s.health_reason}; action {s.health_action})"
         print(
             f"{info.index:>3}  {info.name[:28]:<28} {used + '/' + str(info.memory_total_mib):>17} "
             f"{util:>5} {temp:>5} {power:>7}  {health}"
@@ -322,6 +339,7 @@ def _status(args: argparse.Namespace) -> int:
     from gpudaemon.kube.client import KubeClient, find_credentials
     from gpudaemon.labels.sanitize import validate_prefix
     from gpudaemon.logsetup import setup_logging
+    from gpudaemon.selector import parse_selector
     from gpudaemon.status import as_json, as_table, collect
 
     setup_logging("WARNING")
@@ -330,17 +348,31 @@ def _status(args: argparse.Namespace) -> int:
             validate_prefix(args.prefix)
         except ValueError as e:
             raise UsageError(f"--prefix: {e}") from None
+    try:
+        parse_selector(args.selector)
+    except ValueError as e:
+        raise UsageError(f"-l/--selector: {e}") from None
+    if args.namespace is not None and not _DNS_LABEL.match(args.namespace):
+        raise UsageError(
+            f"-n/--namespace: {args.namespace[:100]!r} is not a namespace name "
+            "(lower-case letters, digits and '-', at most 63)"
+        )
     cfg = load_config(args.config, overrides=_overrides(args, _STATUS_FLAGS), node_name_used=False)
     k = cfg.kubernetes
     creds = find_credentials(k.kubeconfig, bool(k.in_cluster))
     if creds is None:
         raise UsageError("no kubeconfig ($KUBECONFIG, ~/.kube/config or --kubeconfig)")
+    # -n, else a lease_namespace set in the config or environment, else found by label.
+    namespace = args.namespace or (
+        k.lease_namespace if "lease_namespace" in k.model_fields_set else None
+    )
     client = KubeClient.from_credentials(creds, k.request_timeout_seconds)
     try:
         rows = collect(
             client,
             prefix=cfg.labels.prefix,
-            lease_namespace=k.lease_namespace,
+            lease_namespace=namespace,
+            fallback_namespace=k.lease_namespace,
             selector=args.selector,
             pool_label=args.pool_label,
         )

@@ -11,6 +11,7 @@ import math
 import os
 import re
 import socket
+import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -44,6 +45,22 @@ ENV_PREFIX = "GPUDAEMON_"
 # Where history waits while InfluxDB is down (a hostPath or emptyDir in the chart).
 DEFAULT_SPOOL_DIR = "/var/lib/gpudaemon/spool"
 DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+DNS1123_SUBDOMAIN_PATTERN = f"^{DNS1123_SUBDOMAIN.pattern}$"
+DNS1123_LABEL_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+def _check_dns_subdomain(v: str) -> str:
+    if not DNS1123_SUBDOMAIN.fullmatch(v) or len(v) > 253:
+        raise ValueError(f"{v!r} is not a DNS-1123 subdomain (lower-case a-z, 0-9, '-', '.')")
+    return v
+
+
+def _check_dns_label(v: str) -> str:
+    if not re.fullmatch(DNS1123_LABEL_PATTERN[1:-1], v) or len(v) > 63:
+        raise ValueError(f"{v!r} is not a namespace name (a DNS-1123 label: a-z, 0-9, '-')")
+    return v
 
 
 class _Section(BaseModel):
@@ -173,11 +190,16 @@ class Schedules(_Section):
     # whole telemetry sample, so its own schedule; 30 s suits rate() over the usual 2-5
     # min windows at 0.1% of a core for 8 GPUs. "none" turns it off.
     energy: CronOrNone = "*/30 * * * * *"
+    # The slower GPU health counters (NVLink error counters: 4 calls per link, 72 on an
+    # H100; retired pages; the recovery action; clock-event durations): ~0.2-0.4 ms per
+    # GPU (estimated, docs/benchmarks.md), so not in every sample. Row remapping and
+    # clock events are in every sample; XID 154 re-reads the recovery action at once.
+    health: CronOrNone = "*/30 * * * * *"
 
-    @field_validator("telemetry", "inventory", "labels", "history", "pods", "energy")
+    @field_validator("telemetry", "inventory", "labels", "history", "pods", "energy", "health")
     @classmethod
     def _cron(cls, v: str, info: ValidationInfo) -> str:
-        if info.field_name == "energy" and v == "none":
+        if info.field_name in ("energy", "health") and v == "none":
             return v
         try:
             parse_cron(v)
@@ -242,12 +264,20 @@ class KubernetesConfig(_Section):
     # None: in a cluster when $KUBERNETES_SERVICE_HOST is set and the service-account
     # token is mounted (resolved when the config is loaded).
     in_cluster: Switch | None = None
-    # Written into the Lease as `<this>/<pid>`. Empty: $POD_NAME, then the hostname.
+    # Who this process is in Leases: the agent's node Lease holder is `<this>/<pid>`.
+    # Empty: $POD_NAME, then the hostname (resolved when the config is loaded).
     holder_identity: str = ""
+    # The rebalancer's identity in its leader Lease. Empty: holder_identity when that
+    # was set explicitly, else `<$POD_NAME or hostname>_<random UUID>`, as client-go
+    # makes it: two replicas on one hostname (no $POD_NAME) must never both lead.
+    leader_identity: str = ""
     # Stale after this; renewed every third of it (`kube.lease.renew_period_s`). 6 min
     # gives 30 Lease writes per node-hour (kubelet's own node lease costs 360) and a
     # stale threshold the extender can live with: GPU data needs no liveness precision.
     lease_duration_seconds: Annotated[WholeNumber, Field(ge=10, le=86400)] = 360
+    # The namespace of the agents' node Leases and the rebalancer's leader Lease (the
+    # chart sets its release namespace). `gpudaemon status` uses it when it is set here
+    # or in the environment; otherwise it finds the agents' Leases by their label.
     lease_namespace: str = "gpudaemon"
     # Backoff cap after API errors: bounds recovery time without hammering a sick server.
     backoff_max_seconds: Annotated[Number, Field(gt=0, le=3600)] = 60.0
@@ -303,7 +333,7 @@ class ExtenderConfig(_Section):
     tls: ExtenderTls = ExtenderTls()
     # The default policy; a pod picks another with the annotation gpudaemon.io/policy.
     # fragmentation: fewest unallocated GPUs on the openb trace (docs/benchmarks.md).
-    # Checked against the policy registry (extender/policies/) when the extender starts:
+    # Checked against the policy registry (cluster/policies/) when the extender starts:
     # configuration sits below the extender and does not import it.
     policy: Annotated[str, Field(min_length=1, max_length=63)] = "fragmentation"
     # Weight of measured utilization as the tie-break within a policy. Below 1, so it
@@ -387,7 +417,7 @@ class RebalanceConfig(_Section):
     max_evictions_per_minute: Annotated[WholeNumber, Field(ge=1, le=10_000)] = 10
     max_evictions_per_node: Annotated[WholeNumber, Field(ge=1, le=1000)] = 8
     # Leader election: the Lease `gpudaemon-rebalancer` in kubernetes.lease_namespace,
-    # held by $POD_NAME (then the hostname); the leader renews it every third of this.
+    # held by kubernetes.leader_identity; the leader renews it every third of this.
     lease_duration_s: Annotated[WholeNumber, Field(ge=5, le=3600)] = 15
     # Pods that may be moved to defragment: the annotation gpudaemon.io/rebalance="true",
     # or matching this label selector (empty: the annotation only). Draining a sick GPU
@@ -405,8 +435,24 @@ class RebalanceConfig(_Section):
     # Reservations live at once (kept on the leader Lease); a plan that would need one
     # more waits until one is released. Bounds what the rebalancer can hold idle.
     max_reservations: Annotated[WholeNumber, Field(ge=1, le=256)] = 16
-    # Pods of this scheduler are the ones defragmentation makes room for.
-    scheduler_name: str = "gpudaemon-scheduler"
+    # Pods of this scheduler are the ones defragmentation makes room for (the pending
+    # watch selects them by spec.schedulerName; a DNS-1123 subdomain, as the API has it).
+    scheduler_name: Annotated[
+        str,
+        AfterValidator(_check_dns_subdomain),
+        Field(max_length=253, json_schema_extra={"pattern": DNS1123_SUBDOMAIN_PATTERN}),
+    ] = "gpudaemon-scheduler"
+    # Namespaces whose pending pods defragmentation makes room for; empty: every
+    # namespace. A pod elsewhere gets no evictions and no Event (counted in
+    # gpudaemon_rebalancer_skipped{reason="namespace"}). Opted-in pods may still be
+    # moved from any namespace.
+    namespaces: list[
+        Annotated[
+            str,
+            AfterValidator(_check_dns_label),
+            Field(max_length=63, json_schema_extra={"pattern": DNS1123_LABEL_PATTERN}),
+        ]
+    ] = []
 
 
 class HealthConfig(_Section):
@@ -551,6 +597,11 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         ) from None
 
 
+# Once per process: every load of the config in one process names the same leader, and
+# two processes (two replicas, or one restarted) never the same.
+PROCESS_UUID = str(uuid.uuid4())
+
+
 def _from_environment(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
     """The defaults that come from the environment; every such read is here."""
     out = dict(data)
@@ -567,8 +618,13 @@ def _from_environment(data: dict[str, Any], environ: Mapping[str, str]) -> dict[
         candidates = [*environ.get("KUBECONFIG", "").split(os.pathsep)]
         candidates += [f"{home}/.kube/config"] if home else []
         k["kubeconfig"] = next((c for c in candidates if c and Path(c).is_file()), "")
-    if not k.get("holder_identity"):
-        k["holder_identity"] = environ.get("POD_NAME") or socket.gethostname()
+    # Not a string: left as it is, for validation to name it.
+    raw = k.get("holder_identity")
+    explicit = raw.strip() if isinstance(raw, str) else raw
+    k["holder_identity"] = explicit or environ.get("POD_NAME") or socket.gethostname()
+    lead = k.get("leader_identity")
+    if not (lead.strip() if isinstance(lead, str) else lead):
+        k["leader_identity"] = explicit or f"{k['holder_identity']}_{PROCESS_UUID}"
     out["kubernetes"] = k
     return out
 

@@ -80,9 +80,13 @@ class GpuSample:
 
     index: int
     uuid: str
-    healthy: bool = True
-    health_reason: str = ""  # why unhealthy: "gpu lost", "xid 79", ...
+    healthy: bool = True  # schedulable: the verdict's state is not "unhealthy"
+    health_reason: str = ""  # why not healthy: "gpu lost", "xid 79", "row remap pending", ...
     lost: bool = False
+    # The verdict (health/verdict.py): healthy | degraded | unhealthy, and the action
+    # it needs: none | watch | drain | reset_gpu | reboot_node | replace.
+    health_state: str = "healthy"
+    health_action: str = "none"
     gpu_utilization_ratio: float | None = None
     memory_utilization_ratio: float | None = None
     memory_used_bytes: int | None = None
@@ -98,6 +102,29 @@ class GpuSample:
     process_count: int | None = None
     xid_errors_total: Mapping[int, int] = field(default_factory=dict)
     mig: tuple[MigSample, ...] = ()
+    # Row remapping (Ampere and later; nvmlDeviceGetRemappedRows).
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    row_remap_pending: bool | None = None
+    row_remap_failed: bool | None = None
+    # The driver's recovery action (health/signals.py names): "none", "gpu_reset", ...
+    recovery_action: str | None = None
+    # Retired pages (before Ampere; nvmlDeviceGetRetiredPages), by cause.
+    retired_pages_single_bit: int | None = None
+    retired_pages_double_bit: int | None = None
+    retired_pages_pending: bool | None = None
+    # NVLink error counters: link -> type (replay, recovery, crc_flit, crc_data) -> count.
+    # Empty: no NVLink, or not readable.
+    nvlink_errors_total: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+    # Clock event reasons that mean a fault (hw_slowdown, hw_thermal, sw_thermal,
+    # hw_power_brake) active now; None: not readable. Seconds spent in each so far.
+    clock_events_active: frozenset[str] | None = None
+    clock_event_seconds_total: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # `healthy=False` alone (a caller from before the verdict) means unhealthy.
+        if not self.healthy and self.health_state != "unhealthy":
+            object.__setattr__(self, "health_state", "unhealthy")
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,19 @@ server only (Nodes, the agents' Leases, bound pods), so it runs anywhere a kubec
 does, with no agent on that machine.
 
 The numbers are the extender's own: the nodes, pods and Leases go into the extender's
-ClusterState, which applies the one pod-request rule (extender/podspec.py), the one
-free-GPU rule (extender/state.py: allocatable - requested - unhealthy) and the one
-freshness rule (an unexpired Lease owned by this Node object)."""
+ClusterState, which applies the one pod-request rule (cluster/podspec.py), the one
+free-GPU rule (cluster/state.py: allocatable - requested - unhealthy) and the one
+freshness rule (an unexpired Lease owned by this Node object). A node whose data is not
+fresh shows its healthy and free GPUs as unknown (None), never as a guess, and says why.
+
+The agents' Leases are where the chart put them: `-n` names that namespace; without it,
+the Leases are found by their label (`NODE_LEASE_SELECTOR`) in every namespace with one
+list the API server filters, and only when none is found (agents older than the label,
+or no right to list Leases across namespaces) in `kubernetes.lease_namespace`.
+
+Each unhealthy or degraded GPU is listed with the agent's verdict (health/verdict.py):
+its state, the action it needs and why (issue 30); an agent older than the verdict
+gives no action ("")."""
 
 from __future__ import annotations
 
@@ -16,13 +26,14 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC
 from typing import Any
 
-from gpudaemon.errors import BadValueError
-from gpudaemon.extender.cluster import ClusterState
-from gpudaemon.extender.metrics import node_gpus
-from gpudaemon.extender.podspec import GPU_RESOURCE
-from gpudaemon.kube.client import KubeClient
-from gpudaemon.kube.lease import lease_path, parse_time
+from gpudaemon.cluster.clusterstate import ClusterState
+from gpudaemon.cluster.metrics import node_gpus
+from gpudaemon.cluster.podspec import GPU_RESOURCE
+from gpudaemon.errors import BadValueError, KubeForbiddenError, KubeNotFoundError
+from gpudaemon.kube.client import NODE_LEASE_SELECTOR, KubeClient
+from gpudaemon.kube.lease import LEASE_API, lease_expiry, lease_path, parse_time
 from gpudaemon.labels.annotations import decode_gpus
+from gpudaemon.labels.keys import GPU_COUNT, GPUS_ANNOTATION
 
 # The node-pool label of the common platforms, first match wins (`--pool-label` to name
 # another): GKE, EKS managed node groups, AKS, Karpenter, OpenShift machine sets.
@@ -38,8 +49,12 @@ TERMINAL = "status.phase!=Succeeded,status.phase!=Failed"
 
 @dataclass
 class Unhealthy:
+    """A GPU that is not healthy, as the agent's `gpus` annotation has it."""
+
     index: int
     reason: str
+    state: str = "unhealthy"  # unhealthy | degraded
+    action: str = ""  # none | watch | drain | reset_gpu | reboot_node | replace; "": unknown
 
 
 @dataclass
@@ -47,16 +62,27 @@ class NodeRow:
     name: str
     product: str
     total: int
-    healthy: int
+    healthy: int | None  # None: no fresh data (`stale_reason` says why)
     allocated: int
-    free: int
+    free: int | None  # None: no fresh data
     fresh: bool
     age_s: float | None  # seconds since the agent's last Lease renewal; None: no Lease
-    unhealthy: list[Unhealthy] = field(default_factory=list)
+    unhealthy: list[Unhealthy] | None = field(default_factory=list)  # None: no fresh data
+    # Schedulable but watched (clock events, growing remaps, NVLink errors); None: no data.
+    degraded: list[Unhealthy] | None = field(default_factory=list)
     pool: str = ""
     # Why the agent's labels or annotation could not be read ("" when they could): the
     # node then has no data, so it is not fresh (issue 28).
     bad_data: str = ""
+    stale_reason: str | None = None  # None when fresh
+
+
+@dataclass(frozen=True)
+class Leases:
+    """The agents' node Leases by node name, and where they were looked for."""
+
+    by_node: dict[str, dict[str, Any]]
+    where: str  # "namespace gpudaemon", "namespaces a, b", for the stale reasons
 
 
 @dataclass
@@ -67,24 +93,59 @@ class SummaryRow:
     stale_nodes: int = 0
     total: int = 0
     healthy: int = 0
+    degraded: int = 0  # of the healthy (schedulable) ones
     allocated: int = 0
     free: int = 0
+
+
+def find_leases(client: KubeClient, namespace: str | None, fallback: str) -> Leases:
+    """The node Leases in `namespace`; None: those carrying the agents' label in any
+    namespace, else (none, or listing across namespaces is not allowed) `fallback`'s."""
+    if namespace is None:
+        try:
+            items, _ = client.list_items(
+                f"{LEASE_API}/leases", {"labelSelector": NODE_LEASE_SELECTOR}
+            )
+        except (KubeForbiddenError, KubeNotFoundError):
+            items = []
+        if items:
+            spaces = sorted({str((i.get("metadata") or {}).get("namespace", "")) for i in items})
+            return Leases(_latest_by_name(items), "namespaces " + ", ".join(spaces))
+        namespace = fallback
+    try:
+        items, _ = client.list_items(lease_path(namespace))
+    except KubeNotFoundError:
+        items = []
+    return Leases(_latest_by_name(items), f"namespace {namespace}")
+
+
+def _latest_by_name(leases: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """One Lease per node: with two releases' agents on one node, the later renewal."""
+    out: dict[str, dict[str, Any]] = {}
+    for le in leases:
+        name = str((le.get("metadata") or {}).get("name", ""))
+        if name not in out or (_renewed(le) or 0.0) > (_renewed(out[name]) or 0.0):
+            out[name] = le
+    return out
 
 
 def collect(
     client: KubeClient,
     *,
     prefix: str,
-    lease_namespace: str,
+    lease_namespace: str | None,
+    fallback_namespace: str = "gpudaemon",
     selector: str = "",
     pool_label: str = "",
     now: float | None = None,
 ) -> list[NodeRow]:
-    """One row per GPU node (the agent labelled it, or it has nvidia.com/gpu)."""
+    """One row per GPU node (the agent labelled it, or it has nvidia.com/gpu).
+    `lease_namespace` None: find the agents' Leases (see `find_leases`)."""
     query = {"labelSelector": selector} if selector else None
     nodes, _ = client.list_items("/api/v1/nodes", query)
     gpu_nodes = [n for n in nodes if _is_gpu_node(n, prefix)]
-    leases, _ = client.list_items(lease_path(lease_namespace))
+    found = find_leases(client, lease_namespace, fallback_namespace)
+    leases = list(found.by_node.values())
     wall = now if now is not None else time.time()
     cluster = ClusterState(prefix, wall=lambda: wall)
     cluster.replace_nodes(gpu_nodes)
@@ -96,30 +157,59 @@ def collect(
             cluster.pod_event("ADDED", pod)
     names = [str(n["metadata"]["name"]) for n in gpu_nodes]
     snap = cluster.snapshot(names)
-    renewed = {str((le.get("metadata") or {}).get("name", "")): _renewed(le) for le in leases}
     rows = []
     for node, name in zip(gpu_nodes, names, strict=True):
         st = snap.states[name]
         assert st is not None
         labels = (node.get("metadata") or {}).get("labels") or {}
         total, healthy = node_gpus(st)
-        at = renewed.get(name)
+        lease = found.by_node.get(name)
+        at = None if lease is None else _renewed(lease)
+        sick, ann_problem = _not_healthy(node, prefix)
+        bad = cluster.bad_reason(name)
+        why = None
+        if bad:
+            why = f"agent data unreadable: {bad}"
+        elif not snap.fresh[name]:
+            why = _lease_problem(node, lease, found.where, wall)
+        elif ann_problem:
+            why = ann_problem
         rows.append(
             NodeRow(
                 name=name,
                 product=st.gpu_model,
                 total=total,
-                healthy=healthy,
+                healthy=None if why else healthy,
                 allocated=st.gpus_requested,
-                free=st.gpus_free,
-                fresh=snap.fresh[name],
+                free=None if why else st.gpus_free,
+                fresh=why is None,
                 age_s=None if at is None else round(max(0.0, wall - at), 1),
-                unhealthy=_unhealthy(node, prefix),
+                unhealthy=None if why else [u for u in sick if u.state == "unhealthy"],
+                degraded=None if why else [u for u in sick if u.state != "unhealthy"],
                 pool=_pool(labels, pool_label),
-                bad_data=cluster.bad_reason(name),
+                bad_data=bad,
+                stale_reason=why,
             )
         )
     return sorted(rows, key=lambda r: r.name)
+
+
+def _lease_problem(
+    node: Mapping[str, Any], lease: Mapping[str, Any] | None, where: str, wall: float
+) -> str:
+    """Why the Lease does not vouch for the node, in the words an operator acts on."""
+    if lease is None:
+        return f"no agent Lease in {where}"
+    expiry = lease_expiry(lease)
+    if expiry is None:
+        return "the Lease has no valid renewTime or leaseDurationSeconds"
+    uid = str((node.get("metadata") or {}).get("uid", ""))
+    owners = (lease.get("metadata") or {}).get("ownerReferences") or []
+    owner = next((str(o.get("uid", "")) for o in owners if isinstance(o, dict)
+                  and o.get("kind") == "Node"), "")  # fmt: skip
+    if owner and uid and owner != uid:
+        return "the Lease belongs to an earlier Node of this name"
+    return f"the Lease expired {_age(max(0.0, wall - expiry.timestamp()))} ago"
 
 
 def summarize(rows: Sequence[NodeRow]) -> list[SummaryRow]:
@@ -129,9 +219,10 @@ def summarize(rows: Sequence[NodeRow]) -> list[SummaryRow]:
         s.nodes += 1
         s.stale_nodes += not r.fresh
         s.total += r.total
-        s.healthy += r.healthy
+        s.healthy += r.healthy or 0  # a stale node's GPUs are not known to be healthy
+        s.degraded += len(r.degraded or ())
         s.allocated += r.allocated
-        s.free += r.free if r.fresh else 0  # a stale node's GPUs are not on offer
+        s.free += r.free or 0  # nor on offer
     return [out[k] for k in sorted(out)]
 
 
@@ -145,32 +236,52 @@ def as_json(rows: Sequence[NodeRow]) -> str:
 
 
 def as_table(rows: Sequence[NodeRow]) -> str:
-    head = ("NODE", "PRODUCT", "TOTAL", "HEALTHY", "ALLOCATED", "FREE", "FRESH", "AGE", "UNHEALTHY")
+    head = (
+        "NODE", "PRODUCT", "TOTAL", "HEALTHY", "ALLOCATED", "FREE", "FRESH", "AGE", "GPU-HEALTH",
+        "DETAIL",
+    )  # fmt: skip
     body = [
         (
             r.name,
             r.product or "-",
             str(r.total),
-            str(r.healthy),
+            _opt(r.healthy),
             str(r.allocated),
-            str(r.free),
+            _opt(r.free),
             "yes" if r.fresh else "NO",
             "-" if r.age_s is None else _age(r.age_s),
-            (f"agent data unreadable: {r.bad_data}" if r.bad_data else "")
-            or ", ".join(f"{u.index}: {u.reason}" for u in r.unhealthy)
-            or "-",
+            ",".join(_verdict(u) for u in _attention(r)) or "-",
+            f"stale: {r.stale_reason}"
+            if r.stale_reason
+            else ", ".join(f"{u.index}: {u.reason}" for u in _attention(r)) or "-",
         )
         for r in rows
     ]
     sums = summarize(rows)
-    head2 = ("PRODUCT", "POOL", "NODES", "STALE", "TOTAL", "HEALTHY", "ALLOCATED", "FREE")
+    head2 = (
+        "PRODUCT", "POOL", "NODES", "STALE", "TOTAL", "HEALTHY", "DEGRADED", "ALLOCATED", "FREE",
+    )  # fmt: skip
     body2 = [
         (s.product or "-", s.pool or "-", *(str(v) for v in (
-            s.nodes, s.stale_nodes, s.total, s.healthy, s.allocated, s.free)))
+            s.nodes, s.stale_nodes, s.total, s.healthy, s.degraded, s.allocated, s.free)))
         for s in sums
     ]  # fmt: skip
-    note = "FREE in the summary counts fresh nodes only: a stale node's GPUs are not offered."
+    note = (
+        "HEALTHY and FREE are '-' (unknown) on a stale node, and the summary counts fresh "
+        "nodes only: a stale node's GPUs are not offered. GPU-HEALTH: index=state/action of "
+        "each GPU not healthy (degraded ones are schedulable and counted as healthy)."
+    )
     return f"{_grid(head, body)}\n\n{_grid(head2, body2)}\n{note}\n"
+
+
+def _attention(r: NodeRow) -> list[Unhealthy]:
+    """The node's unhealthy and degraded GPUs, by index."""
+    return sorted([*(r.unhealthy or ()), *(r.degraded or ())], key=lambda u: u.index)
+
+
+def _verdict(u: Unhealthy) -> str:
+    """`5=unhealthy/reboot_node`; `5=unhealthy` from an agent older than the action."""
+    return f"{u.index}={u.state}" + (f"/{u.action}" if u.action else "")
 
 
 def _grid(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
@@ -179,6 +290,10 @@ def _grid(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
         "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
         for r in (head, *body)
     )
+
+
+def _opt(v: int | None) -> str:
+    return "-" if v is None else str(v)
 
 
 def _age(s: float) -> str:
@@ -191,21 +306,31 @@ def _age(s: float) -> str:
 
 def _is_gpu_node(node: Mapping[str, Any], prefix: str) -> bool:
     meta = node.get("metadata") or {}
-    if (prefix + "gpu.count") in (meta.get("labels") or {}):
+    if (prefix + GPU_COUNT) in (meta.get("labels") or {}):
         return True
     alloc = (node.get("status") or {}).get("allocatable") or {}
     return str(alloc.get(GPU_RESOURCE, "0")) not in ("0", "")
 
 
-def _unhealthy(node: Mapping[str, Any], prefix: str) -> list[Unhealthy]:
-    text = ((node.get("metadata") or {}).get("annotations") or {}).get(prefix + "gpus")
+def _not_healthy(node: Mapping[str, Any], prefix: str) -> tuple[list[Unhealthy], str]:
+    """The unhealthy and degraded GPUs the agent's `gpus` annotation names, and what is
+    wrong with the annotation ("" when nothing): a node without a readable one has no
+    GPU data."""
+    meta = node.get("metadata") or {}
+    if prefix + GPU_COUNT not in (meta.get("labels") or {}):
+        return [], f"no agent labels ({prefix}{GPU_COUNT})"
+    text = (meta.get("annotations") or {}).get(prefix + GPUS_ANNOTATION)
     if not isinstance(text, str):
-        return []
+        return [], f"no {prefix}{GPUS_ANNOTATION} annotation"
     try:
         gpus = decode_gpus(text)
-    except BadValueError:  # the node is shown with `bad_data` instead
-        return []
-    return [Unhealthy(g.index, g.reason or "unhealthy") for g in gpus if not g.healthy]
+    except BadValueError:  # the node is shown as "agent data unreadable" instead
+        return [], f"unreadable {prefix}{GPUS_ANNOTATION} annotation"
+    return [
+        Unhealthy(g.index, g.reason or g.state, g.state, g.action)
+        for g in gpus
+        if g.state != "healthy"
+    ], ""
 
 
 def _renewed(lease: Mapping[str, Any]) -> float | None:

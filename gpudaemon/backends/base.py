@@ -5,18 +5,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from gpudaemon.health.xid import APPLICATION_XIDS, xid_rule
 from gpudaemon.model import GpuSample, NodeInventory
 
-# XIDs caused by the application, not the GPU (same set as NVIDIA's device plugin):
-# they are counted but do not make the GPU unhealthy.
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+__all__ = ["APPLICATION_XIDS"]  # re-exported: the XID table lives in health/xid.py
 
 
 LOST_REASON = "gpu lost"
 
 
 def is_critical_xid(xid: int) -> bool:
-    return xid not in APPLICATION_XIDS
+    """An XID that makes the GPU unhealthy, by the XID table (health/xid.py)."""
+    return xid_rule(xid, APPLICATION_XIDS).state == "unhealthy"
 
 
 def health_reason(*, lost: bool, critical_xid: int | None, ecc_uncorrected: int | None) -> str:
@@ -61,6 +61,8 @@ def lost_sample(index: int, uuid: str, xid_errors_total: Mapping[int, int]) -> G
         uuid=uuid,
         healthy=False,
         health_reason=LOST_REASON,
+        health_state="unhealthy",
+        health_action="reboot_node",
         lost=True,
         xid_errors_total=dict(xid_errors_total),
     )
@@ -80,8 +82,22 @@ SAMPLE_CALLS: tuple[str, ...] = (
     "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetTotalEccErrors",  # corrected
     "nvmlDeviceGetTotalEccErrors",  # uncorrected
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetRemappedRows",
 )
 ENERGY_CALLS: tuple[str, ...] = ("nvmlDeviceGetTotalEnergyConsumption",)
+# The health counters' read (NvmlBackend.health_counters, `schedules.health`): one
+# field-values call for the recovery action and the clock-event durations (its own
+# name: the measured `nvmlDeviceGetFieldValues` cost is the energy field's), the retired
+# pages (before Ampere only), and per active NVLink link one call per error counter.
+HEALTH_FIELDS_CALL = "nvmlDeviceGetFieldValues(health)"
+HEALTH_CALLS: tuple[str, ...] = (HEALTH_FIELDS_CALL,)
+RETIRED_PAGES_CALLS: tuple[str, ...] = (
+    "nvmlDeviceGetRetiredPages",  # multiple single-bit
+    "nvmlDeviceGetRetiredPages",  # double-bit
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+)
+NVLINK_CALL = "nvmlDeviceGetNvLinkErrorCounter"  # x 4 counters x active links
 
 
 class Backend(Protocol):
@@ -103,6 +119,12 @@ class Backend(Protocol):
     def energy(self) -> dict[int, float | None]:
         """Each GPU's energy counter in joules, by index (None: not readable now). A
         slow call on real GPUs, so it has its own schedule (`schedules.energy`)."""
+        ...
+
+    def health_counters(self) -> None:
+        """Read the slower health signals (NVLink error counters, retired pages, the
+        recovery action, clock-event durations) on `schedules.health`; the next samples
+        carry them."""
         ...
 
     def boot_id(self) -> str:

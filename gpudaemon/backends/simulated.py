@@ -41,12 +41,16 @@ from pydantic import (
 from gpudaemon.backends import migprofiles
 from gpudaemon.backends.base import (
     ENERGY_CALLS,
+    HEALTH_CALLS,
+    NVLINK_CALL,
+    RETIRED_PAGES_CALLS,
     SAMPLE_CALLS,
-    health_reason,
     is_critical_xid,
     lost_sample,
 )
 from gpudaemon.errors import ProfileError
+from gpudaemon.health import signals
+from gpudaemon.health.verdict import judge
 from gpudaemon.model import MIB, GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
 from gpudaemon.textfile import read_text_file
 
@@ -58,7 +62,11 @@ _GPU_UUID = re.compile(r"GPU-[0-9A-Fa-f]{8}(-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}"
 _NVML_CALLS = (
     frozenset(SAMPLE_CALLS)
     | frozenset(ENERGY_CALLS)
+    | frozenset(HEALTH_CALLS)
+    | frozenset(RETIRED_PAGES_CALLS)
     | {
+        NVLINK_CALL,
+        "nvmlDeviceGetNvLinkState",
         "nvmlDeviceGetFieldValues",
         "nvmlDeviceGetMigMode",
         "nvmlDeviceGetPciInfo",
@@ -123,26 +131,90 @@ def _reject_unused(names: set[str], what: str) -> None:
         raise ValueError(f"{', '.join(sorted(names))}: not used by {what} (remove it)")
 
 
+Flag = Annotated[bool, Field(strict=True)]  # true/false, not 1 or "yes"
+RecoveryAction = Literal["none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset"]
+ClockEvent = Literal["hw_slowdown", "hw_thermal", "sw_thermal", "hw_power_brake"]
+
+# The fields each fault kind reads; set on another kind they would be ignored.
+_KIND_FIELDS: dict[str, set[str]] = {
+    "xid": {"xid", "count"},
+    "ecc": {"corrected", "uncorrected"},
+    "lost": set(),
+    "row_remap": {"pending", "failure", "correctable", "uncorrectable"},
+    "recovery_action": {"action"},
+    "nvlink_errors": {"link", "crc_flit", "crc_data", "replay", "recovery"},
+    "clock_event": {"reasons"},
+}
+
+
 class FaultSpec(_Strict):
-    kind: Literal["xid", "lost", "ecc"]
+    kind: Literal[
+        "xid", "lost", "ecc", "row_remap", "recovery_action", "nvlink_errors", "clock_event"
+    ]
     gpu: int | None = None  # node-level faults name the GPU index
     xid: Annotated[int, Field(ge=1, le=1_000_000)] = 79
     count: Annotated[Count, Field(ge=1)] = 1
     corrected: Annotated[Count, Field(ge=0)] = 0
     uncorrected: Annotated[Count, Field(ge=0)] = 0
+    # row_remap: the remapper's state from now on; rows are added to its counts.
+    pending: Flag = False
+    failure: Flag = False
+    correctable: Annotated[Count, Field(ge=0)] = 0
+    uncorrectable: Annotated[Count, Field(ge=0)] = 0
+    # recovery_action: the driver's recovery action from now on.
+    action: RecoveryAction = "none"
+    # nvlink_errors: counts added to one link's counters on every poll from now on.
+    link: Annotated[int, Field(ge=0, le=35), BeforeValidator(_not_bool)] = 0
+    crc_flit: Annotated[Count, Field(ge=0)] = 0
+    crc_data: Annotated[Count, Field(ge=0)] = 0
+    replay: Annotated[Count, Field(ge=0)] = 0
+    recovery: Annotated[Count, Field(ge=0)] = 0
+    # clock_event: the clock event reasons active from now on ([] ends them).
+    reasons: tuple[ClockEvent, ...] = ()
     after_s: Annotated[Number, Field(ge=0, le=1e9)] = 0.0
     after_polls: Annotated[Count, Field(ge=0)] = 0
 
     @model_validator(mode="after")
     def _fields_of_its_kind(self) -> FaultSpec:
-        """xid/count belong to XIDs, corrected/uncorrected to ECC: set on another kind
-        they would be ignored, so they are errors. An ECC fault must add something."""
-        own = {"xid": {"xid", "count"}, "ecc": {"corrected", "uncorrected"}, "lost": set()}
-        others = set().union(*own.values()) - own[self.kind]
+        """A field of another kind would be ignored, so it is an error; a fault that
+        would change nothing is one too."""
+        others = set().union(*_KIND_FIELDS.values()) - _KIND_FIELDS[self.kind]
         _reject_unused(self.model_fields_set & others, f"kind {self.kind}")
         if self.kind == "ecc" and not (self.corrected or self.uncorrected):
             raise ValueError("kind ecc needs corrected or uncorrected above 0")
+        if self.kind == "row_remap" and not self.model_fields_set & _KIND_FIELDS["row_remap"]:
+            raise ValueError(
+                "kind row_remap needs one of pending, failure, correctable, uncorrectable"
+            )
+        if self.kind == "recovery_action" and "action" not in self.model_fields_set:
+            raise ValueError(
+                "kind recovery_action needs action (none, gpu_reset, node_reboot, "
+                "drain_p2p, drain_and_reset)"
+            )
+        if self.kind == "nvlink_errors" and not (
+            self.crc_flit or self.crc_data or self.replay or self.recovery
+        ):
+            raise ValueError(
+                "kind nvlink_errors needs crc_flit, crc_data, replay or recovery above 0"
+            )
+        if self.kind == "clock_event" and "reasons" not in self.model_fields_set:
+            raise ValueError("kind clock_event needs reasons (a list; [] ends the events)")
         return self
+
+
+def _ampere(spec: GpuSpec) -> bool:
+    return int(spec.compute_capability.split(".")[0]) >= 8
+
+
+def _fault_misfit(f: FaultSpec, spec: GpuSpec) -> str | None:
+    """Why this GPU cannot give the fault's signal (as a real one would not), or None."""
+    if f.kind == "ecc" and not spec.ecc:
+        return "an ecc fault needs ecc: true"
+    if f.kind == "row_remap" and not (spec.ecc and _ampere(spec)):
+        return "a row_remap fault needs ecc: true and compute_capability 8.0 or later"
+    if f.kind == "nvlink_errors" and not (spec.nvlink_links and f.link < spec.nvlink_links):
+        return f"an nvlink_errors fault on link {f.link} needs nvlink_links above {f.link}"
+    return None
 
 
 class MigSpec(_Strict):
@@ -227,8 +299,9 @@ class GpuSpec(_Strict):
                     f"faults[{i}]: gpu: per-GPU faults apply to every GPU of this entry; "
                     "name a GPU only in the top-level faults list"
                 )
-            if f.kind == "ecc" and not self.ecc:
-                raise ValueError(f"faults[{i}]: an ecc fault needs ecc: true")
+            why = _fault_misfit(f, self)
+            if why:
+                raise ValueError(f"faults[{i}]: {why}")
         if self.mig.enabled:
             why = mig_layout_error(self.name, self.memory_total_mib, self.mig.instances)
             if why:
@@ -271,8 +344,9 @@ class Profile(_Strict):
                 )
         specs = [g for g in self.gpus for _ in range(g.count)]
         for i, f in enumerate(self.faults):
-            if f.kind == "ecc" and f.gpu is not None and not specs[f.gpu].ecc:
-                raise ValueError(f"faults[{i}]: an ecc fault needs ecc: true on GPU {f.gpu}")
+            why = _fault_misfit(f, specs[f.gpu]) if f.gpu is not None else None
+            if why:
+                raise ValueError(f"faults[{i}]: {why} on GPU {f.gpu}")
         for i, c in enumerate(self.mig_changes):
             if c.gpu >= count:
                 raise ValueError(f"mig_changes[{i}]: gpu {c.gpu} is not one of 0..{count - 1}")
@@ -293,6 +367,15 @@ class Profile(_Strict):
 
 def _cost_s(spec: GpuSpec, calls: tuple[str, ...]) -> float:
     return sum(spec.nvml_latency_us.get(c, 0.0) for c in calls) / 1e6
+
+
+def _health_cost_s(spec: GpuSpec) -> float:
+    """What NvmlBackend.health_counters costs this GPU: the health fields, the retired
+    pages before Ampere, and 4 error counters per NVLink link."""
+    calls = HEALTH_CALLS + (() if _ampere(spec) else RETIRED_PAGES_CALLS)
+    links = spec.nvlink_links or 0
+    nvlink = links * len(signals.NVLINK_ERROR_COUNTERS) * spec.nvml_latency_us.get(NVLINK_CALL, 0.0)
+    return _cost_s(spec, calls) + nvlink / 1e6
 
 
 def load_profile(name_or_path: str) -> Profile:
@@ -353,6 +436,17 @@ class _SimGpu:
     sample_cost_s: float = 0.0  # what NVML would take for this GPU's sample
     mig_generation: int = 0  # how many times the MIG layout was changed
     energy_cost_s: float = 0.0  # ... and for its energy read
+    health_cost_s: float = 0.0  # ... and for its health counters' read
+    # Health signals (health/signals.py names).
+    remapped_correctable: int = 0
+    remapped_uncorrectable: int = 0
+    remap_pending: bool = False
+    remap_failed: bool = False
+    recovery_action: str = "none"
+    nvlink: dict[int, dict[str, int]] = field(default_factory=dict)
+    nvlink_adders: list[FaultSpec] = field(default_factory=list)  # fired nvlink_errors
+    clock_events: frozenset[str] = frozenset()
+    clock_seconds: dict[str, float] = field(default_factory=dict)
 
 
 class SimulatedBackend:
@@ -410,6 +504,12 @@ class SimulatedBackend:
                         rng=random.Random(f"{self.seed}:{index}"),
                         sample_cost_s=_cost_s(spec, SAMPLE_CALLS),
                         energy_cost_s=_cost_s(spec, ENERGY_CALLS),
+                        health_cost_s=_health_cost_s(spec),
+                        nvlink={
+                            link: dict.fromkeys(signals.NVLINK_ERROR_TYPES, 0)
+                            for link in range(spec.nvlink_links or 0)
+                        },
+                        clock_seconds=dict.fromkeys(signals.CLOCK_EVENT_DURATION_FIELDS, 0.0),
                     )
                 )
         return gpus
@@ -504,6 +604,12 @@ class SimulatedBackend:
             _spend(sum(g.energy_cost_s for g in self._gpus if not g.lost))
             return {g.info.index: None if g.lost else round(g.energy_joules, 3) for g in self._gpus}
 
+    def health_counters(self) -> None:
+        """Charges the health counters' NVML calls; the simulated signals themselves
+        are in every sample (the faults fire there)."""
+        with self._lock:
+            _spend(sum(g.health_cost_s for g in self._gpus if not g.lost))
+
     def close(self) -> None:
         pass
 
@@ -528,10 +634,53 @@ class SimulatedBackend:
                 g.xids[f.xid] = g.xids.get(f.xid, 0) + f.count
                 if is_critical_xid(f.xid) and g.first_critical_xid is None:
                     g.first_critical_xid = f.xid
-            else:
+            elif f.kind == "ecc":
                 g.ecc_corrected += f.corrected
                 g.ecc_uncorrected += f.uncorrected
+            elif f.kind == "row_remap":
+                g.remapped_correctable += f.correctable
+                g.remapped_uncorrectable += f.uncorrectable
+                if "pending" in f.model_fields_set:
+                    g.remap_pending = f.pending
+                if "failure" in f.model_fields_set:
+                    g.remap_failed = f.failure
+            elif f.kind == "recovery_action":
+                g.recovery_action = f.action
+            elif f.kind == "nvlink_errors":
+                g.nvlink_adders.append(f)
+            else:
+                g.clock_events = frozenset(f.reasons)
         g.faults = pending
+
+    def _health_signals(self, g: _SimGpu, dt: float) -> dict[str, Any]:
+        """The health readings a real GPU of this spec gives (absent where it gives none)."""
+        spec = g.spec
+        for f in g.nvlink_adders:  # counts added per poll
+            c = g.nvlink[f.link]
+            c["crc_flit"] += f.crc_flit
+            c["crc_data"] += f.crc_data
+            c["replay"] += f.replay
+            c["recovery"] += f.recovery
+        for reason in g.clock_events & g.clock_seconds.keys():
+            g.clock_seconds[reason] += dt
+        out: dict[str, Any] = {
+            "recovery_action": g.recovery_action,
+            "clock_events_active": g.clock_events,
+            "clock_event_seconds_total": {k: round(v, 3) for k, v in g.clock_seconds.items()},
+            "nvlink_errors_total": {link: dict(c) for link, c in g.nvlink.items()},
+        }
+        if spec.ecc and _ampere(spec):
+            out.update(
+                remapped_rows_correctable=g.remapped_correctable,
+                remapped_rows_uncorrectable=g.remapped_uncorrectable,
+                row_remap_pending=g.remap_pending,
+                row_remap_failed=g.remap_failed,
+            )
+        elif spec.ecc:  # before Ampere: page retirement instead of row remapping
+            out.update(
+                retired_pages_single_bit=0, retired_pages_double_bit=0, retired_pages_pending=False
+            )
+        return out
 
     def _utilization(self, g: _SimGpu, rng: random.Random, elapsed: float) -> float:
         u = g.spec.utilization
@@ -556,9 +705,7 @@ class SimulatedBackend:
         xids = dict(g.xids)
         if g.lost:
             return lost_sample(info.index, info.uuid, xids)
-        reason = health_reason(
-            lost=False, critical_xid=g.first_critical_xid, ecc_uncorrected=g.ecc_uncorrected
-        )
+        health = self._health_signals(g, dt)
         rng = g.rng
         util = self._utilization(g, rng, elapsed)
         mean = 0.0 if spec.utilization.pattern == "idle" else spec.utilization.mean
@@ -576,11 +723,9 @@ class SimulatedBackend:
             )
             for m in info.mig_devices
         )
-        return GpuSample(
+        sample = GpuSample(
             index=info.index,
             uuid=info.uuid,
-            healthy=not reason,
-            health_reason=reason,
             gpu_utilization_ratio=round(util, 4),
             memory_utilization_ratio=round(min(1.0, util * 0.6), 4),
             memory_used_bytes=used,
@@ -595,4 +740,6 @@ class SimulatedBackend:
             process_count=(1 + info.index % 2) if busy else 0,
             xid_errors_total=xids,
             mig=migs,
+            **health,
         )
+        return judge(sample)

@@ -19,13 +19,13 @@ import orjson
 from loguru import logger
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from gpudaemon.extender.cluster import ClusterState
+from gpudaemon.cluster.clusterstate import ClusterState
+from gpudaemon.cluster.policies.base import Policy
+from gpudaemon.cluster.reservations import LeaseReservations
+from gpudaemon.cluster.state import NodeState, PodShape
 from gpudaemon.extender.framework import BadPod, Framework, NotReady
 from gpudaemon.extender.metrics import ExtenderMetrics
 from gpudaemon.extender.pods import PodVerifier
-from gpudaemon.extender.policies.base import Policy
-from gpudaemon.extender.reservations import LeaseReservations
-from gpudaemon.extender.state import NodeState, PodShape
 from gpudaemon.httpserver import Readiness, StartResponse, probe_response, text_response
 from gpudaemon.logsetup import LogLimiter
 

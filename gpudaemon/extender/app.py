@@ -10,22 +10,22 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
 from typing import Any
 
 from loguru import logger
 from prometheus_client import CollectorRegistry
 
 from gpudaemon import __version__
+from gpudaemon.cluster.clusterstate import ClusterState
+from gpudaemon.cluster.metrics import BadDataCollector
+from gpudaemon.cluster.policies import Policy, build_policies, policy_spec
+from gpudaemon.cluster.reservations import LeaseReservations, ReservationCollector
+from gpudaemon.cluster.selectors import POD_SELECTOR, pending_selector, unschedulable_since
 from gpudaemon.config import Config
 from gpudaemon.errors import ConfigError
 from gpudaemon.extender.api import ExtenderApi
-from gpudaemon.extender.cluster import ClusterState
-from gpudaemon.extender.informer import ListWatchClient, Reflector
-from gpudaemon.extender.metrics import BadDataCollector, CacheCollector, NodeCollector
+from gpudaemon.extender.metrics import CacheCollector, NodeCollector
 from gpudaemon.extender.pods import PendingPods, PodVerifier
-from gpudaemon.extender.policies import Policy, build_policies, policy_spec
-from gpudaemon.extender.reservations import LeaseReservations, ReservationCollector
 from gpudaemon.httpserver import (
     HttpServer,
     StartResponse,
@@ -36,35 +36,14 @@ from gpudaemon.httpserver import (
 )
 from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import KubeClient, find_credentials
+from gpudaemon.kube.informer import ListWatchClient, Reflector
 from gpudaemon.kube.lease import lease_path
-
-# Bound pods that still hold resources: terminal pods free theirs (kube-scheduler's rule).
-POD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
-
 
 LOOKUP_TIMEOUT_S = 1.0
 
 
-def pending_selector(scheduler_name: str) -> str:
-    """Unbound pods of our scheduler: the only pods GPUs are booked for (pods.py)."""
-    return f"spec.nodeName=,spec.schedulerName={scheduler_name}"
-
-
-def unschedulable_since(pod: Mapping[str, Any]) -> float | None:
-    """Wall time the scheduler last marked the pod unschedulable (its PodScheduled=False
-    condition), or None. A gang rejected at Coscheduling's Permit shows up this way."""
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            try:
-                t = datetime.fromisoformat(str(cond.get("lastTransitionTime", "")))
-            except ValueError:
-                return None
-            return t.timestamp() if t.tzinfo else None
-    return None
-
-
 def make_policies(cfg: Config) -> dict[str, Policy]:
-    """Every registered policy (extender/policies/), built from the `extender:` section;
+    """Every registered policy (cluster/policies/), built from the `extender:` section;
     an unknown `extender.policy` is a ConfigError naming the known ones (exit 2)."""
     policy_spec(cfg.extender.policy)
     return build_policies(cfg.extender)

@@ -17,13 +17,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudaemon.extender.cluster import ClusterState
-from gpudaemon.extender.metrics import ExtenderMetrics
-from gpudaemon.extender.pods import PendingPods, PodVerifier, priority_of
-from gpudaemon.extender.podspec import POLICY_ANNOTATION, pod_gang, pod_policy, pod_shape
-from gpudaemon.extender.policies.base import Policy, UnknownPolicyError
-from gpudaemon.extender.reservations import LeaseReservations, Reservation, held_on
-from gpudaemon.extender.scoring import (
+from gpudaemon.cluster.clusterstate import ClusterState
+from gpudaemon.cluster.podspec import POLICY_ANNOTATION, pod_gang, pod_policy, pod_shape
+from gpudaemon.cluster.policies.base import Policy, UnknownPolicyError
+from gpudaemon.cluster.reservations import LeaseReservations, Reservation, held_on
+from gpudaemon.cluster.scoring import (
     MAX_SCORE,
     Gang,
     GangScore,
@@ -34,7 +32,9 @@ from gpudaemon.extender.scoring import (
     gang_scores,
     rank,
 )
-from gpudaemon.extender.state import NodeState, PodShape
+from gpudaemon.cluster.state import NodeState, PodShape
+from gpudaemon.extender.metrics import ExtenderMetrics
+from gpudaemon.extender.pods import PendingPods, PodVerifier, priority_of
 from gpudaemon.httpserver import Readiness
 
 MIG_POLICY = "migpack"  # pods of MIG devices alone, unless their annotation says otherwise

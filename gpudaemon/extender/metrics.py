@@ -7,14 +7,14 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from gpudaemon.extender.cluster import ClusterState
+    from gpudaemon.cluster.clusterstate import ClusterState
 
+from gpudaemon.cluster.metrics import node_gpus
 from gpudaemon.extender.pods import REASONS
-from gpudaemon.extender.state import NodeState
 
 # Sub-millisecond to the scheduler's usual 5 s httpTimeout.
 _BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -71,13 +71,6 @@ class ExtenderMetrics:
             self.filter_nodes.labels(r)
         for v in ("filter", "prioritize"):
             self.request_seconds.labels(v)
-
-
-def node_gpus(st: NodeState) -> tuple[int, int]:
-    """(total, healthy) GPUs of a node: the agent's count, else what the node offers.
-    Shared with `gpudaemon status`, so the dashboard and the command agree."""
-    total = st.gpus_total if st.has_agent_labels else st.gpus_allocatable
-    return total, max(0, total - st.gpus_unhealthy)
 
 
 class NodeCollector(Collector):
@@ -147,44 +140,3 @@ class CacheCollector(Collector):
             if a is not None:
                 age.add_metric([kind], a)
         yield age
-
-
-# The values a node writes that its readers parse (issue 28), and "node": a Node object
-# that could not be read at all. Listed so each series exists from the start, at 0.
-BAD_VALUE_KEYS = ("gpus", "gpu.count", "gpu.healthy", "gpu.unhealthy", "node")
-
-
-class BadDataCollector(Collector):
-    """What a node wrote that could not be read, by key, and objects a watch handler
-    could not take, by watch: read at scrape time from counts the caches keep. Shared
-    by the extender and the rebalancer (`program` names the series)."""
-
-    def __init__(
-        self,
-        program: str,
-        bad_values: Callable[[], Mapping[str, int]],
-        handler_errors: Callable[[], Mapping[str, int]],
-    ) -> None:
-        self.program, self.bad_values, self.handler_errors = program, bad_values, handler_errors
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        bad = CounterMetricFamily(
-            f"gpudaemon_{self.program}_bad_node_values",
-            "Values a node's agent wrote that could not be read (over a size, depth or "
-            "entry cap, or not of the schema), by key; counted once per node and value. "
-            "Such a node has no data until it writes a readable one.",
-            labels=["key"],
-        )
-        counts = self.bad_values()
-        for key in sorted({*BAD_VALUE_KEYS, *counts}):
-            bad.add_metric([key], counts.get(key, 0))
-        yield bad
-        errors = CounterMetricFamily(
-            f"gpudaemon_{self.program}_watch_handler_errors",
-            "Objects a watch's handler could not take (it raised), by watch: skipped, "
-            "logged once each; should stay 0.",
-            labels=["kind"],
-        )
-        for kind, n in sorted(self.handler_errors().items()):
-            errors.add_metric([kind], n)
-        yield errors

@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpudaemon.cluster.podspec import pod_gang, pod_shape
+from gpudaemon.cluster.state import PodShape
 from gpudaemon.config import DNS1123_SUBDOMAIN
 from gpudaemon.errors import KubeError, KubeNotFoundError
-from gpudaemon.extender.podspec import pod_gang, pod_shape
-from gpudaemon.extender.state import PodShape
 
 Obj = Mapping[str, Any]
 

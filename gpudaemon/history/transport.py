@@ -5,7 +5,7 @@ InfluxWriteError with a `kind` that is also the writer's metric label.
 The client's own batching, retry buffer and jitter are not used: the writer and its
 SQLite spool decide what is sent and when (the spool is what survives an outage or a
 restart), so here retries are off and every failure is reported at once. Imported only
-when `influxdb.url` is set (`app.make_history_sink` imports the writer lazily): with
+when `influxdb.url` is set (`agent/app.py` imports the writer lazily): with
 history off, `influxdb_client` is never loaded (tests/unit/history/test_imports.py).
 """
 

@@ -11,10 +11,15 @@ same ApiClient. This module and `kube/incluster.py` are the only importers of
 
 from __future__ import annotations
 
+import http.client
 import json
+import ssl
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from loguru import logger
 
 from gpudaemon.errors import (
     ConfigError,
@@ -41,6 +46,17 @@ CONNECT_TIMEOUT_S = 3.0
 APPLY_QUERY = {"fieldManager": FIELD_MANAGER, "force": "true"}
 MANAGER_QUERY = {"fieldManager": FIELD_MANAGER}
 LIST_PAGE = 500  # client-go's pager default
+# kube-apiserver refuses a request body over 3 MiB (its MaxRequestBodyBytes) with a 413,
+# often before reading it, so the client sees a broken pipe: refuse it here, one line.
+MAX_BODY_BYTES = 3 << 20
+
+# On every agent's node Lease: `gpudaemon status` finds them by it in whatever namespace
+# the chart was installed, with one list call the API server filters.
+NODE_LEASE_LABELS = {
+    "app.kubernetes.io/name": "gpudaemon",
+    "app.kubernetes.io/component": "node-lease",
+}
+NODE_LEASE_SELECTOR = ",".join(f"{k}={v}" for k, v in NODE_LEASE_LABELS.items())
 
 _ERROR_TYPES: dict[str, type[KubeError]] = {
     "unauthorized": KubeForbiddenError,
@@ -75,8 +91,64 @@ def error_for(status: int | None, method: str, path: str, body: bytes | str | No
     return _ERROR_TYPES[http_failure_kind(status)](msg, status)
 
 
-def _short(e: BaseException) -> str:
-    return " ".join(str(root_cause(e)).split())[:200]
+def _chain(e: BaseException) -> Iterator[BaseException]:
+    """`e` and what it wraps, breadth first: urllib3's `reason`, the exception it was
+    raised from or during (the official client raises ApiException while handling an
+    SSLError), an exception among its arguments (ProtocolError's)."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [e]
+    while todo and len(seen) < 16:
+        x = todo.pop(0)
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        yield x
+        for nxt in (getattr(x, "reason", None), x.__cause__, x.__context__, *x.args):
+            if isinstance(nxt, BaseException):
+                todo.append(nxt)
+
+
+def describe_failure(e: BaseException, ca_source: str = "the kubeconfig's CA") -> str:
+    """What went wrong below HTTP, in one line an operator can act on: TLS (with the
+    likely cause when the certificate did not verify), a timeout, a refused or lost
+    connection, or the library's own words, whitespace folded and bounded."""
+    import urllib3
+
+    chain = list(_chain(e))
+    verify = [x for x in chain if isinstance(x, ssl.SSLCertVerificationError)]
+    if verify or any("CERTIFICATE_VERIFY_FAILED" in str(x) for x in chain):
+        detail = str(getattr(verify[0], "verify_message", "") or "") if verify else ""
+        why = "certificate verify failed" + (f": {_one_line(detail)}" if detail else "")
+        return f"TLS: {why} ({ca_source} does not match the server)"
+    for x in chain:
+        if isinstance(x, ssl.SSLError | urllib3.exceptions.SSLError):
+            return f"TLS: {_one_line(x)}"
+    for x in chain:
+        if isinstance(x, urllib3.exceptions.ConnectTimeoutError):
+            return "timed out connecting"
+        if isinstance(x, urllib3.exceptions.ReadTimeoutError | TimeoutError):
+            return "timed out waiting for the answer"
+    for x in chain:
+        if isinstance(x, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(x, urllib3.exceptions.NameResolutionError):
+            return "cannot resolve the server's name"
+        if isinstance(x, urllib3.exceptions.NewConnectionError):
+            return f"cannot connect: {_one_line(x)}"
+    for x in chain:
+        if isinstance(x, ConnectionError | http.client.HTTPException):
+            return f"connection lost: {type(x).__name__}"
+    for x in chain:
+        if isinstance(x, urllib3.exceptions.ProtocolError):
+            return f"connection lost: {_one_line(x)}"
+    return _one_line(root_cause(e))
+
+
+def _one_line(e: object) -> str:
+    text = str(e)
+    if isinstance(e, BaseException) and not text:
+        text = type(e).__name__
+    return " ".join(text.split())[:200]
 
 
 class KubeClient:
@@ -87,11 +159,18 @@ class KubeClient:
     """
 
     def __init__(
-        self, api_client: Any, timeout_s: float, connect_timeout_s: float = CONNECT_TIMEOUT_S
+        self,
+        api_client: Any,
+        timeout_s: float,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        ca_source: str = "the kubeconfig's CA",
     ) -> None:
         self.api = api_client
         self.connect_timeout_s = connect_timeout_s
         self.timeout = (connect_timeout_s, timeout_s)
+        self.ca_source = ca_source
+        conf = getattr(api_client, "configuration", None)
+        self.server = str(getattr(api_client, "server", "") or getattr(conf, "host", "") or "")
 
     @classmethod
     def from_credentials(
@@ -106,7 +185,8 @@ class KubeClient:
             from gpudaemon.kube.incluster import in_cluster_configuration
 
             conf = in_cluster_configuration()
-            return cls(client.ApiClient(conf), timeout_s, connect_timeout_s)
+            ca = "the service account's CA"
+            return cls(client.ApiClient(conf), timeout_s, connect_timeout_s, ca)
         conf = client.Configuration()
         try:
             config.load_kube_config(  # type: ignore[no-untyped-call]
@@ -118,6 +198,8 @@ class KubeClient:
             where = f"kubeconfig {creds.kubeconfig}"
             raise ConfigError(f"{where}: {' '.join(str(e).split())}") from None
         conf.retries = False
+        if not conf.verify_ssl:
+            _insecure_once(creds.kubeconfig, conf.host)
         return cls(client.ApiClient(conf), timeout_s, connect_timeout_s)
 
     # -- plain requests ------------------------------------------------------------
@@ -132,11 +214,10 @@ class KubeClient:
         timeout: tuple[float, float],
     ) -> Any:
         """Send one request; the response body is not read yet (watch streams it)."""
-        import urllib3
-
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
+        _check_size(method, path, body)
         try:
             _m, url, hdrs, body_, _p = self.api.param_serialize(
                 method,
@@ -147,12 +228,16 @@ class KubeClient:
                 auth_settings=["BearerToken"],
             )
             return self.api.call_api(method, url, hdrs, body_, _request_timeout=timeout)
-        except urllib3.exceptions.HTTPError as e:
-            raise KubeUnavailableError(f"{method} {path}: {_short(e)}") from None
-        except OSError as e:
-            raise KubeUnavailableError(f"{method} {path}: {e}") from None
-        except Exception as e:  # the client's ApiException (status 0: TLS), one line
-            raise KubeUnavailableError(f"{method} {path}: {_short(e)}") from None
+        except KubeError:
+            raise
+        except Exception as e:  # the client library's and the socket's: one line, ours
+            raise self.failure(method, path, e) from None
+
+    def failure(self, method: str, path: str, e: BaseException) -> KubeError:
+        """A failure below HTTP as a KubeUnavailableError (worth retrying: a CA
+        rotated, a server back) naming the server, the request and what failed."""
+        where = f"{method} {self.server}{path}"
+        return KubeUnavailableError(f"{where}: {describe_failure(e, self.ca_source)}")
 
     def request(
         self,
@@ -171,8 +256,8 @@ class KubeClient:
         resp = self._open(method, path, body, content_type, query, timeout)
         try:
             data = resp.read()
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            raise KubeUnavailableError(f"{method} {path}: {_short(e)}") from None
+        except (urllib3.exceptions.HTTPError, OSError, http.client.HTTPException) as e:
+            raise self.failure(method, path, e) from None
         if not 200 <= resp.status < 300:
             raise error_for(resp.status, method, path, data)
         try:
@@ -218,7 +303,11 @@ class KubeClient:
         spec: Mapping[str, Any],
         owner: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        meta: dict[str, Any] = {"name": name, "namespace": namespace}
+        meta: dict[str, Any] = {
+            "name": name,
+            "namespace": namespace,
+            "labels": dict(NODE_LEASE_LABELS),
+        }
         if owner:
             meta["ownerReferences"] = [dict(owner)]
         body = {
@@ -311,13 +400,51 @@ class KubeClient:
                     raise error_for(status, "WATCH", path, json.dumps(obj))
                 if isinstance(obj, dict):
                     yield kind, obj
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            raise KubeUnavailableError(f"WATCH {path}: {_short(e)}") from None
+        except (urllib3.exceptions.HTTPError, OSError, http.client.HTTPException) as e:
+            raise self.failure("WATCH", path, e) from None
         finally:
             resp.response.release_conn()
 
     def close(self) -> None:
         self.api.close()
+
+
+def _check_size(method: str, path: str, body: Any) -> None:
+    """A request body the API server would refuse for its size, refused here instead."""
+    if body is None:
+        return
+    size = len(body) if isinstance(body, bytes | str) else len(json.dumps(body))
+    if size > MAX_BODY_BYTES:
+        raise KubeInvalidError(
+            f"{method} {path}: request body of {size} bytes is over the API server's "
+            f"{MAX_BODY_BYTES} byte limit",
+            413,
+        )
+
+
+_insecure_lock = threading.Lock()
+_insecure_warned = False
+
+
+def _insecure_once(kubeconfig: str, host: str) -> None:
+    """`insecure-skip-tls-verify`: one WARNING for the process, not urllib3's warning
+    block on every request (only that warning is silenced, and only in this case)."""
+    global _insecure_warned
+    import warnings
+
+    import urllib3
+
+    with _insecure_lock:
+        warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
+        if _insecure_warned:
+            return
+        _insecure_warned = True
+    logger.warning(
+        "kubeconfig {}: insecure-skip-tls-verify is set: the certificate of {} is not "
+        "checked, so anyone on the path can read and change this traffic",
+        kubeconfig,
+        host,
+    )
 
 
 def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:

@@ -15,15 +15,27 @@ from gpudaemon.labels.sharing import SharingLabeler
 from gpudaemon.model import PodMap, Snapshot
 
 
+@dataclass(frozen=True, order=True)
+class GpuHealth:
+    """One GPU that is not healthy, for the Node condition: its verdict (health/verdict.py).
+    `(index, reason)` alone reads as unhealthy with no action known (an older caller)."""
+
+    index: int
+    reason: str
+    state: str = "unhealthy"  # unhealthy | degraded
+    action: str = ""  # none | watch | drain | reset_gpu | reboot_node | replace; "": unknown
+
+
 @dataclass(frozen=True)
 class LabelSet:
     """What the agent wants on its Node: its own labels and annotations, nothing else."""
 
     labels: Labels
     annotations: dict[str, str] = field(default_factory=dict)
-    # (index, reason) of each unhealthy GPU, and the GPU count: for the Node condition
-    # and the optional taint, which the API-server sink writes beside the labels.
-    unhealthy: tuple[tuple[int, str], ...] = ()
+    # Each unhealthy or degraded GPU, and the GPU count: for the Node condition and the
+    # optional taint (unhealthy ones only), which the API-server sink writes beside the
+    # labels.
+    verdicts: tuple[GpuHealth, ...] = ()
     gpus: int = 0
 
     def as_dict(self) -> dict[str, dict[str, str]]:
@@ -54,11 +66,15 @@ class NodeLabeler:
         return LabelSet(
             labels=Labels(self.prefix, merge(self.labelers, snap)),
             annotations=self.annotator.annotations(snap, pods),
-            unhealthy=tuple(
-                (s.index, s.health_reason or "unhealthy") for s in snap.samples if not s.healthy
+            verdicts=tuple(
+                GpuHealth(
+                    s.index, s.health_reason or s.health_state, s.health_state, s.health_action
+                )
+                for s in snap.samples
+                if s.health_state != "healthy"
             ),
             gpus=len(snap.samples),
         )
 
 
-__all__ = ["LabelSet", "Labels", "NodeLabeler", "Quantization", "sanitize_value"]
+__all__ = ["GpuHealth", "LabelSet", "Labels", "NodeLabeler", "Quantization", "sanitize_value"]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import orjson
 
 from gpudaemon.errors import BadValueError
+from gpudaemon.labels.keys import GPUS_ANNOTATION
 from gpudaemon.model import MIB, GpuSample, MigDevice, PodMap, Snapshot
 
 ANNOTATION_BUDGET_BYTES = 256 * 1024
@@ -84,7 +85,7 @@ class GpuStateAnnotator:
     """Stateful: remembers what it last published so noise cannot move it."""
 
     def __init__(self, prefix: str, q: Quantization | None = None) -> None:
-        self.key = prefix + "gpus"
+        self.key = prefix + GPUS_ANNOTATION
         self.q = q or Quantization()
         self._tracks: dict[tuple[str, str], _Track] = {}
 
@@ -128,8 +129,12 @@ class GpuStateAnnotator:
         util = s.gpu_utilization_ratio * 100 if s.gpu_utilization_ratio is not None else None
         held("utilization_pct", util, q.utilization_band_pct, q.utilization_step_pct)
         held("temperature_c", s.temperature_celsius, q.temperature_band_c, q.temperature_step_c)
-        entry["healthy"] = s.healthy
-        if not s.healthy:
+        # The verdict (health/verdict.py): it changes only when a signal does (clock
+        # events hold it for minutes), so it never rewrites the Node with noise.
+        entry["healthy"] = s.healthy  # kept for readers older than `state`
+        entry["state"] = s.health_state
+        entry["action"] = s.health_action
+        if s.health_state != "healthy":
             entry["reason"] = s.health_reason
         if s.process_count is not None:
             entry["processes"] = s.process_count
@@ -156,6 +161,10 @@ class GpuState:
     memory_total_mib: int
     healthy: bool = True
     reason: str = ""
+    # The verdict; an older agent writes neither: state then follows `healthy`, and
+    # action is "" (not known).
+    state: str = "healthy"
+    action: str = ""
     memory_used_mib: int | None = None
     utilization_pct: int | None = None
     temperature_c: int | None = None
@@ -187,6 +196,8 @@ MAX_DEPTH = 6
 MAX_TEXT = 1024  # a reason, a UUID, a profile
 MAX_POD_REF = 63 + 1 + 253  # namespace/name
 _INT_LIMIT = 2**53  # integers beyond this are not readings
+_STATES = ("healthy", "degraded", "unhealthy")  # health/verdict.py STATES
+_ACTION = re.compile(r"[a-z][a-z0-9_]{0,31}")
 COUNT_LABEL_MAX = 4096  # gpu.count and friends: 64 GPUs x 7 MIG devices is 448
 
 # A JSON string, to its closing quote or the end of the text; possessive, so an
@@ -287,12 +298,22 @@ def _gpu(e: object, key: str) -> GpuState:
     healthy = e.get("healthy", True)
     if not isinstance(healthy, bool):
         raise BadValueError(key, f"GPU {index}: healthy is not true or false")
+    state = f.text("state", 16) or ("healthy" if healthy else "unhealthy")
+    if state not in _STATES:
+        raise BadValueError(key, f"GPU {index}: state is not one of {', '.join(_STATES)}")
+    if (state == "unhealthy") == healthy:
+        raise BadValueError(key, f"GPU {index}: state {state} contradicts healthy={healthy}")
+    action = f.text("action", 32)
+    if action and not _ACTION.fullmatch(action):  # a newer agent's action is kept as is
+        raise BadValueError(key, f"GPU {index}: action is not a lower-case word")
     return GpuState(
         index=index,
         uuid=f.text("uuid", MAX_TEXT, required=True),
         memory_total_mib=f.need("memory_total_mib", 0, _INT_LIMIT),
         healthy=healthy,
         reason=f.text("reason", MAX_TEXT),
+        state=state,
+        action=action,
         memory_used_mib=f.integer("memory_used_mib", 0, _INT_LIMIT),
         utilization_pct=f.integer("utilization_pct", 0, 100),
         temperature_c=f.integer("temperature_c", -300, 1000),

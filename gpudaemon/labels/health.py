@@ -5,6 +5,7 @@ not with load. `gpu.unhealthy` is always present (0 on a healthy node) so that
 from __future__ import annotations
 
 from gpudaemon.labels.base import RawLabels
+from gpudaemon.labels.keys import GPU_HEALTHY, GPU_UNHEALTHY
 from gpudaemon.model import Snapshot
 
 
@@ -13,4 +14,4 @@ class HealthLabeler:
         if snap.inventory is None or not snap.samples:
             return {}
         healthy = sum(1 for s in snap.samples if s.healthy)
-        return {"gpu.healthy": healthy, "gpu.unhealthy": len(snap.samples) - healthy}
+        return {GPU_HEALTHY: healthy, GPU_UNHEALTHY: len(snap.samples) - healthy}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpudaemon.labels.base import RawLabels, primary_gpus
+from gpudaemon.labels.keys import GPU_COUNT, GPU_PRODUCT
 from gpudaemon.model import Snapshot
 
 # Compute capability major (and minor where it matters) -> architecture family,
@@ -33,14 +34,14 @@ class InventoryLabeler:
             return {}
         out: dict[str, str | int | bool] = {
             "gpu.present": bool(inv.gpus),
-            "gpu.count": len(inv.gpus),
+            GPU_COUNT: len(inv.gpus),
         }
         primary = primary_gpus(inv)
         if primary:
             g = primary[0]
             major, minor = g.compute_capability
             out |= {
-                "gpu.product": g.name,
+                GPU_PRODUCT: g.name,
                 "gpu.family": family(major, minor),
                 "gpu.memory": min(p.memory_total_mib for p in primary),
                 # Every GPU has at least this much: what `Gt` means on a mixed node.

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import Counter
 
 from gpudaemon.labels.base import RawLabels, primary_gpus
+from gpudaemon.labels.keys import GPU_COUNT, GPU_PRODUCT
 from gpudaemon.model import MigDevice, Snapshot
 
 STRATEGIES = ("none", "single", "mixed")
@@ -117,8 +118,8 @@ class MigLabeler:
             # the device plugin cannot advertise one nvidia.com/gpu, and GFD says so
             # (`newInvalidMigStrategyLabeler`).
             return {
-                "gpu.product": f"{product}-MIG-INVALID",
-                "gpu.count": 0,
+                GPU_PRODUCT: f"{product}-MIG-INVALID",
+                GPU_COUNT: 0,
                 "gpu.replicas": 0,
                 "gpu.sharing-strategy": "",
                 "gpu.memory": 0,

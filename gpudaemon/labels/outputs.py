@@ -1,5 +1,5 @@
 """Where labels go besides the API server: stdout, a JSON file, an NFD feature file,
-or none (the API server writer is gpudaemon.kube.nodelabels).
+or none (the API server writer is gpudaemon.agent.nodelabels).
 
 Each skips the write when nothing changed and writes files atomically (temp file +
 rename), so NFD's local source never reads a half-written file.

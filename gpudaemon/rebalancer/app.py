@@ -17,14 +17,10 @@ from loguru import logger
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from gpudaemon import __version__
-from gpudaemon.config import Config
-from gpudaemon.errors import BadValueError, ConfigError, KubeError, KubeNotFoundError
-from gpudaemon.extender.app import POD_SELECTOR, pending_selector
-from gpudaemon.extender.cluster import ClusterState
-from gpudaemon.extender.informer import Reflector
-from gpudaemon.extender.metrics import BadDataCollector
-from gpudaemon.extender.policies import build_policies, policy_spec
-from gpudaemon.extender.reservations import (
+from gpudaemon.cluster.clusterstate import ClusterState
+from gpudaemon.cluster.metrics import BadDataCollector
+from gpudaemon.cluster.policies import build_policies, policy_spec
+from gpudaemon.cluster.reservations import (
     MAX_RESERVE_S,
     REBALANCER_LEASE,
     RESERVATIONS_ANNOTATION,
@@ -33,15 +29,21 @@ from gpudaemon.extender.reservations import (
     Reservation,
     encode,
 )
+from gpudaemon.cluster.selectors import POD_SELECTOR, pending_selector
+from gpudaemon.config import Config
+from gpudaemon.errors import BadValueError, ConfigError, KubeError, KubeNotFoundError
 from gpudaemon.httpserver import HttpServer, StartResponse, probe_response, text_response
 from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import KubeClient, find_credentials
+from gpudaemon.kube.informer import Reflector
 from gpudaemon.kube.leader import LeaderElector
 from gpudaemon.kube.lease import lease_path, micro_time
 from gpudaemon.labels.annotations import GpuState, decode_gpus
+from gpudaemon.labels.keys import GPUS_ANNOTATION
 from gpudaemon.rebalancer.planner import (
     Decision,
     NodeFacts,
+    Placer,
     PodFacts,
     defragment,
     drain,
@@ -59,6 +61,14 @@ COMPONENT = "gpudaemon-rebalancer"
 EVENT_REPEAT_S = 600.0  # the same Event for the same pod at most this often
 RESULTS = ("planned", "done", "refused_pdb", "failed")
 SKIPS = ("bare_pod", "stale", "rate_limited", "refused_pdb", "api_error", "max_reservations")
+# Why no room is made for a pending pod at all (kind "defrag" only).
+DEFRAG_SKIPS = ("never_fits", "cannot_judge", "namespace", "scheduler", "backoff")
+# A pod its room was made for and that stays unschedulable is not made room for again
+# until this has passed, doubled for each further try, up to the cap; at most this many
+# pods are remembered (the oldest go first). Kept in memory only: a restart forgets it.
+ROOM_BACKOFF_S = 600.0
+ROOM_BACKOFF_MAX_S = 6 * 3600.0
+MAX_BACKOFF_PODS = 10_000
 
 
 class RebalancerMetrics:
@@ -75,7 +85,12 @@ class RebalancerMetrics:
             "Pods or plans left alone, by kind and reason: bare_pod (no controller would "
             "re-create it), stale (agent data too old), rate_limited, refused_pdb (a plan "
             "one of whose victims a PodDisruptionBudget protects), api_error, max_reservations "
-            "(as many rooms kept as rebalance.max_reservations allows).",
+            "(as many rooms kept as rebalance.max_reservations allows); defrag only, "
+            "counted with each Event (per pod at most every 10 min): never_fits (no node "
+            "could run it even emptied), "
+            "cannot_judge (its placement depends on what the caches cannot tell), "
+            "namespace (not in rebalance.namespaces), scheduler (another scheduler's pod), "
+            "backoff (its room was made and it still did not schedule).",
             ["kind", "reason"],
             registry=registry,
         )
@@ -110,6 +125,8 @@ class RebalancerMetrics:
                 self.evictions.labels(kind, r)
             for s in SKIPS:
                 self.skipped.labels(kind, s)
+        for s in DEFRAG_SKIPS:
+            self.skipped.labels("defrag", s)
 
 
 class RateLimit:
@@ -201,7 +218,7 @@ class Rebalancer:
         self.metrics.dry_run.set(1 if self.rb.dry_run else 0)
         self.cluster = ClusterState(cfg.labels.prefix, wall=wall)
         self.product_label = self.cluster.product_label
-        self.gpus_key = cfg.labels.prefix + "gpus"
+        self.gpus_key = cfg.labels.prefix + GPUS_ANNOTATION
         self.selector = selector_matcher(self.rb.selector)
         self._lock = threading.Lock()
         self.nodes: dict[str, NodeFacts] = {}
@@ -215,6 +232,8 @@ class Rebalancer:
         # place the extender reads it), dropped when the pod binds or goes, when it
         # runs out, and when this replica stops leading.
         self.reservations: dict[str, Reservation] = {}
+        self._room_tries: dict[str, int] = {}  # pending UID -> plans run for it
+        self.namespaces = frozenset(self.rb.namespaces)  # empty: every namespace
         self.limits = RateLimit(
             self.rb.max_evictions_per_minute, self.rb.max_evictions_per_node, clock
         )
@@ -436,12 +455,25 @@ class Rebalancer:
         for p in running.values():
             by_node.setdefault(p.node, []).append(p)
         now = self.clock()
-        cooldown = max(2 * self.rb.interval_s, 30.0)
-        self._made_room_for = {u: t for u, t in self._made_room_for.items() if now - t < cooldown}
+        cooldown = max(2 * self.rb.interval_s, 30.0)  # its evictions still settling
+        self._forget_rooms({p.uid for p in pending})
+        placer = Placer(states, fresh, nodes, self.policy, by_node)
         for pod in pending:
+            if pod.shape.gpus <= 0 or pod.shape.mig or pod.gang or not pod.unschedulable:
+                continue  # not a pod defragmentation makes room for
             if pod.uid in self._made_room_for:
-                continue  # its evictions are still settling
-            plan = defragment(pod, states, fresh, nodes, by_node, self.policy)
+                tries = self._room_tries.get(pod.uid, 1)
+                wait = min(ROOM_BACKOFF_S * 2 ** (tries - 1), ROOM_BACKOFF_MAX_S)
+                left = self._made_room_for[pod.uid] + wait - now
+                if left > 0:
+                    if now - self._made_room_for[pod.uid] >= cooldown:  # settled, still pending
+                        msg = (f"room was made for it {tries} time(s) and it is still "
+                               f"unschedulable; not again for {left:.0f} s")  # fmt: skip
+                        self._skip(pod, "backoff", msg)
+                    continue  # its evictions are still settling, or it is backing off
+            if self._refuse(pod, placer):
+                continue
+            plan = defragment(pod, states, fresh, nodes, by_node, self.policy, placer)
             if plan is None:
                 continue
             victims = ", ".join(v.key for v in plan.victims)
@@ -476,8 +508,52 @@ class Rebalancer:
                        f"which fits nowhere now; this pod fits on {target}")  # fmt: skip
                 self._evict(Decision(v, "defrag", "make_room", msg, True), True, committed=True)
             self._made_room_for[pod.uid] = now
+            self._room_tries[pod.uid] = self._room_tries.get(pod.uid, 0) + 1
             return 0  # one plan per pass: let the scheduler settle first
         return 0
+
+    def _refuse(self, pod: PodFacts, placer: Placer) -> str:
+        """The reason no room is made for `pod` at all ("" when it may be): another
+        scheduler's pod, a namespace not in rebalance.namespaces, a pod no node could
+        run even emptied, or one whose placement the caches cannot foresee."""
+        if pod.scheduler != self.rb.scheduler_name:  # the watch selects them; a guard
+            self._skip(pod, "scheduler", f"it is for scheduler {pod.scheduler!r}", event=False)
+            return "scheduler"
+        if self.namespaces and pod.namespace not in self.namespaces:
+            # No Event: the rebalancer writes nothing in namespaces it does not serve.
+            self._skip(pod, "namespace", "its namespace is not in rebalance.namespaces",
+                       event=False)  # fmt: skip
+            return "namespace"
+        refused = placer.refusal(pod)
+        if refused is None:
+            return ""
+        self._skip(pod, refused.reason, f"no room made for it: {refused.message}")
+        return refused.reason
+
+    def _skip(self, pod: PodFacts, reason: str, message: str, event: bool = True) -> None:
+        """Count a pending pod left alone, once per EVENT_REPEAT_S, with an Event."""
+        if event:
+            if self._event(pod, "RebalanceSkipped", message, warning=True, dedupe=reason):
+                self.metrics.skipped.labels("defrag", reason).inc()
+            return
+        key, last = (pod.uid, reason), self._told.get((pod.uid, reason))
+        if last is None or self.clock() - last >= EVENT_REPEAT_S:
+            self._told[key] = self.clock()
+            self.metrics.skipped.labels("defrag", reason).inc()
+            logger.debug("rebalancer: not making room for {}: {}", pod.key, message)
+
+    def _forget_rooms(self, pending: set[str]) -> None:
+        """Back-off state for pods still pending only, and at most MAX_BACKOFF_PODS."""
+        for uid in [u for u in self._made_room_for if u not in pending]:
+            del self._made_room_for[uid]
+        if len(self._made_room_for) > MAX_BACKOFF_PODS:
+            oldest = sorted(self._made_room_for, key=self._made_room_for.__getitem__)
+            for uid in oldest[: len(oldest) - MAX_BACKOFF_PODS]:
+                del self._made_room_for[uid]
+        for uid in [u for u in self._room_tries if u not in self._made_room_for]:
+            del self._room_tries[uid]
+        now = self.clock()  # an Event's dedupe entry is of no use past EVENT_REPEAT_S
+        self._told = {k: t for k, t in self._told.items() if now - t < EVENT_REPEAT_S}
 
     # -- acting ---------------------------------------------------------------------
 

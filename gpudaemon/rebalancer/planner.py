@@ -17,21 +17,27 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpudaemon.extender.app import unschedulable_since
-from gpudaemon.extender.podspec import pod_gang, pod_shape
-from gpudaemon.extender.policies.base import Policy
-from gpudaemon.extender.scoring import check_node
-from gpudaemon.extender.state import NodeState, PodShape
+from gpudaemon.cluster.podspec import pod_gang, pod_shape
+from gpudaemon.cluster.policies.base import Policy
+from gpudaemon.cluster.scoring import check_node
+from gpudaemon.cluster.selectors import unschedulable_since
+from gpudaemon.cluster.state import NodeState, PodShape
+from gpudaemon.rebalancer.fits import (
+    NodeFit,
+    PodFit,
+    excluded_domains,
+    in_domains,
+    insufficient,
+    node_fit,
+    pod_fit,
+    static_reason,
+    used_by,
+)
 
 OPT_IN_ANNOTATION = "gpudaemon.io/rebalance"
 
 
-@dataclass(frozen=True)
-class NodeFacts:
-    """What placement needs beyond NodeState: the Node's labels and taints."""
-
-    labels: Mapping[str, str] = field(default_factory=dict)
-    taints: tuple[tuple[str, str, str], ...] = ()  # (key, value, effect)
+NodeFacts = NodeFit  # what placement needs beyond NodeState: labels, taints, allocatable
 
 
 @dataclass(frozen=True)
@@ -46,19 +52,24 @@ class PodFacts:
     priority: int = 0
     owned: bool = False  # a controller (ReplicaSet, Job, StatefulSet, ...) re-creates it
     opted_in: bool = False  # annotation gpudaemon.io/rebalance="true" or the selector
-    node_selector: Mapping[str, str] = field(default_factory=dict)
-    tolerations: tuple[Mapping[str, Any], ...] = ()
-    # Required node affinity other than on the GPU product, which the planner cannot
-    # judge: such a pod is never moved, and never made room for.
-    other_affinity: bool = False
+    # Everything kube-scheduler's filters read (`fits`): requests, selectors, affinity,
+    # tolerations, and what cannot be judged from the caches.
+    fit: PodFit = field(default_factory=PodFit)
     terminating: bool = False  # deleted (or evicted) already: its GPUs free up soon
     # Pending only: the scheduler tried it and found no node (PodScheduled=False).
     unschedulable: bool = False
     gang: str = ""  # "ns/podgroup" (scheduling.x-k8s.io/pod-group), "" when none
+    scheduler: str = ""  # spec.schedulerName
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def cannot_judge(self) -> str:
+        """Why the scheduler's verdict on this pod cannot be foreseen ("" if it can):
+        such a pod is never moved, and never made room for."""
+        return self.fit.unjudgeable
 
 
 def pod_facts(
@@ -69,19 +80,14 @@ def pod_facts(
     spec = obj.get("spec") or {}
     try:
         shape = pod_shape(obj, product_label)
+        fit = pod_fit(obj)
     except (ValueError, AttributeError, TypeError):
         return None
+    if fit.node_name:  # bound: what matters is where its replacement may go
+        fit = replace(fit, node_name="")
     labels = meta.get("labels") or {}
     ann = meta.get("annotations") or {}
     owners = meta.get("ownerReferences") or []
-    affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ) or {}
-    other = any(
-        e.get("key") != product_label
-        for t in affinity.get("nodeSelectorTerms") or []
-        for e in (t.get("matchExpressions") or []) + (t.get("matchFields") or [])
-    )
     priority = spec.get("priority")
     return PodFacts(
         uid=str(meta.get("uid") or ""),
@@ -92,46 +98,22 @@ def pod_facts(
         priority=priority if isinstance(priority, int) else 0,
         owned=any(o.get("controller") is True for o in owners),
         opted_in=ann.get(OPT_IN_ANNOTATION) == "true" or selector(labels),
-        node_selector={
-            k: v for k, v in (spec.get("nodeSelector") or {}).items() if k != product_label
-        },
-        tolerations=tuple(spec.get("tolerations") or ()),
-        other_affinity=other,
+        fit=fit,
         terminating=bool(meta.get("deletionTimestamp")),
         unschedulable=unschedulable_since(obj) is not None,
         gang=pod_gang(obj),
+        scheduler=str(spec.get("schedulerName") or ""),
     )
 
 
 def node_facts(obj: Mapping[str, Any]) -> NodeFacts:
-    meta = obj.get("metadata") or {}
-    taints = tuple(
-        (str(t.get("key", "")), str(t.get("value", "")), str(t.get("effect", "")))
-        for t in (obj.get("spec") or {}).get("taints") or []
-        if t.get("effect") in ("NoSchedule", "NoExecute")
-    )
-    return NodeFacts(labels=dict(meta.get("labels") or {}), taints=taints)
-
-
-def tolerates(pod: PodFacts, taint: tuple[str, str, str]) -> bool:
-    key, value, effect = taint
-    for t in pod.tolerations:
-        if t.get("effect") not in (None, "", effect):
-            continue
-        if t.get("operator") == "Exists" and t.get("key") in (None, "", key):
-            return True
-        if t.get("key") == key and str(t.get("value", "")) == value:
-            return True
-    return False
+    return node_fit(obj)
 
 
 def may_land(pod: PodFacts, facts: NodeFacts | None) -> bool:
-    """nodeSelector and taints allow the pod on the node (GPU product: NodeState)."""
-    if facts is None:
-        return False
-    if any(facts.labels.get(k) != v for k, v in pod.node_selector.items()):
-        return False
-    return all(tolerates(pod, t) for t in facts.taints)
+    """nodeName, cordon, nodeSelector, required node affinity and taints allow the pod
+    on the node, whatever it frees (GPU product and counts: NodeState)."""
+    return facts is not None and static_reason(pod.fit, facts) == ""
 
 
 # -- drain ----------------------------------------------------------------------------
@@ -206,11 +188,36 @@ def _without(st: NodeState, pods: Sequence[PodFacts]) -> NodeState:
     )
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """Why no room is made for a pending pod at all: `reason` is a metric label."""
+
+    reason: str  # "cannot_judge" | "never_fits"
+    message: str
+
+
+def repellers(
+    facts: Mapping[str, NodeFacts], running: Mapping[str, Sequence[PodFacts]]
+) -> list[tuple[PodFit, NodeFacts]]:
+    """Running pods with required anti-affinity, and their nodes: they keep the pods
+    they select out of their topology domain."""
+    return [
+        (p.fit, f)
+        for n, pods in running.items()
+        if (f := facts.get(n)) is not None
+        for p in pods
+        if p.fit.anti_affinity and not p.terminating
+    ]
+
+
 class Placer:
     """Where pods would land now, by the extender's policy, for one pass: for each
-    placement signature (shape, nodeSelector, tolerations) the hosts are checked and
-    ranked once, so trying many plans costs a walk down a sorted list, not a score of
-    every node per evicted pod (at 5,000 nodes that was seconds per pending pod)."""
+    placement signature (shape and what the scheduler's filters read) the hosts are
+    checked and ranked once, so trying many plans costs a walk down a sorted list, not
+    a score of every node per evicted pod (at 5,000 nodes that was seconds per pending
+    pod). A host passes the extender's GPU check and every filter `fits` can judge:
+    resources against what the node's pods request, selectors, affinity, taints, and
+    other pods' required anti-affinity."""
 
     def __init__(
         self,
@@ -218,28 +225,54 @@ class Placer:
         fresh: Mapping[str, bool],
         facts: Mapping[str, NodeFacts],
         policy: Policy,
+        running: Mapping[str, Sequence[PodFacts]] | None = None,
     ) -> None:
         self.states, self.fresh, self.facts, self.policy = states, fresh, facts, policy
+        self.running = running or {}
+        self._used: dict[str, dict[str, int]] = {}
+        self.repellers = repellers(facts, self.running)
         self._ranked: dict[tuple[Any, ...], list[tuple[float, str]]] = {}
+        self._refusals: dict[tuple[Any, ...], Refusal | None] = {}
 
-    def _hosts(self, pod: PodFacts, n: str, st: NodeState | None) -> bool:
-        return (
-            st is not None
-            and check_node(st, pod.shape, fresh=self.fresh.get(n, False)) is None
-            and st.can_host(pod.shape)
-            and may_land(pod, self.facts.get(n))
-        )
+    def used(self, node: str) -> dict[str, int]:
+        """What the pods on `node` request (computed when first needed: most nodes
+        fail the GPU check before their pods matter)."""
+        got = self._used.get(node)
+        if got is None:
+            got = self._used[node] = used_by(p.fit for p in self.running.get(node, ()))
+        return got
+
+    def excluded(self, pod: PodFacts) -> set[tuple[str, str]]:
+        return excluded_domains(pod.fit, self.repellers) if self.repellers else set()
+
+    def _hosts(
+        self, pod: PodFacts, n: str, st: NodeState | None, excluded: set[tuple[str, str]],
+        added: Mapping[str, int] | None = None,
+    ) -> bool:  # fmt: skip
+        if st is None or check_node(st, pod.shape, fresh=self.fresh.get(n, False)) is not None:
+            return False
+        f = self.facts.get(n)
+        if not st.can_host(pod.shape) or f is None or not may_land(pod, f):
+            return False
+        if in_domains(f, excluded):
+            return False
+        used = self.used(n)
+        if added:
+            used = {r: used.get(r, 0) + added.get(r, 0) for r in {*used, *added}}
+        return not insufficient(pod.fit.requests, f.allocatable, used)
 
     def ranked(self, pod: PodFacts) -> list[tuple[float, str]]:
         """(-score, node) of every node that can take `pod` now, best first (ties by
         name: the order the extender's own choice would take)."""
-        sig = (pod.shape, tuple(sorted(pod.node_selector.items())), repr(pod.tolerations))
+        labels = (pod.fit.namespace, tuple(sorted(pod.fit.labels.items())))
+        sig = (pod.shape, pod.fit.signature, labels if self.repellers else None)
         out = self._ranked.get(sig)
         if out is None:
+            excluded = self.excluded(pod)
             out = sorted(
                 (-self.policy.raw_score(st, pod.shape), n)
                 for n, st in self.states.items()
-                if st is not None and self._hosts(pod, n, st)
+                if st is not None and self._hosts(pod, n, st, excluded)
             )
             self._ranked[sig] = out
         return out
@@ -247,11 +280,50 @@ class Placer:
     def fits_now(self, pod: PodFacts) -> bool:
         return bool(self.ranked(pod))
 
+    def refusal(self, pending: PodFacts) -> Refusal | None:
+        """A pending pod the scheduler would not place on any node even if every pod
+        were evicted from it (it needs a resource, label or toleration no node has), or
+        one whose verdict cannot be foreseen: evicting for it would only disrupt. None:
+        look for room. Judged once per kind of pod in a pass."""
+        if pending.cannot_judge:
+            return Refusal("cannot_judge", "cannot tell whether the scheduler would place "
+                           f"it: {pending.cannot_judge}")  # fmt: skip
+        labels = (pending.fit.namespace, tuple(sorted(pending.fit.labels.items())))
+        sig = (pending.shape, pending.fit.signature, labels if self.repellers else None)
+        if sig not in self._refusals:
+            self._refusals[sig] = self._never_fits(pending)
+        return self._refusals[sig]
+
+    def _never_fits(self, pending: PodFacts) -> Refusal | None:
+        excluded = self.excluded(pending)
+        why: dict[str, int] = {}
+        for n, f in self.facts.items():
+            reason = static_reason(pending.fit, f)
+            if not reason and in_domains(f, excluded):
+                reason = "a pod there has required anti-affinity against it"
+            if not reason:
+                short = insufficient(pending.fit.requests, f.allocatable, {})
+                reason = f"not enough {', '.join(short)} even when empty" if short else ""
+            if not reason and pending.shape.wants_gpus:
+                st = self.states.get(n)
+                if st is None or st.gpus_allocatable < pending.shape.gpus:
+                    reason = "too few GPUs even when empty"
+                elif not pending.shape.fits_model(st.gpu_model):
+                    reason = "another GPU product"
+            if not reason:
+                return None
+            why[reason] = why.get(reason, 0) + 1
+        top = sorted(why.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+        detail = "; ".join(f"{c} node{'s' if c != 1 else ''}: {r}" for r, c in top)
+        return Refusal("never_fits", "no node could run it even with every pod evicted "
+                       f"({detail or 'no nodes'})")  # fmt: skip
+
     def elsewhere(self, victims: Sequence[PodFacts], source: str) -> list[str] | None:
         """Where each victim would go now (by the policy, one after the other), or
         None if one fits nowhere but the node it leaves. Nodes a victim was placed on
         are scored again as they now are; the others keep their rank."""
         changed: dict[str, NodeState] = {}
+        added: dict[str, dict[str, int]] = {}
         targets = []
         for v in victims:
             best: tuple[float, str] | None = None
@@ -259,8 +331,9 @@ class Placer:
                 if entry[1] != source and entry[1] not in changed:
                     best = entry  # the best node nobody has been placed on yet
                     break
+            excluded = self.excluded(v) if changed else set()
             for n, st in changed.items():
-                if self._hosts(v, n, st):
+                if self._hosts(v, n, st, excluded, added[n]):
                     cand = (-self.policy.raw_score(st, v.shape), n)
                     if best is None or cand < best:
                         best = cand
@@ -270,6 +343,9 @@ class Placer:
             base = changed.get(chosen) or self.states[chosen]
             assert base is not None
             changed[chosen] = base.with_placed(v.shape)
+            extra = added.setdefault(chosen, {})
+            for r, q in v.fit.requests.items():
+                extra[r] = extra.get(r, 0) + q
             targets.append(chosen)
         return targets
 
@@ -285,18 +361,23 @@ def defragment(
 ) -> Plan | None:
     """The cheapest plan that makes room for `pending`, or None. Whole GPUs only.
     `placer`: one per pass, shared by the pending pods of that pass."""
-    if pending.shape.gpus <= 0 or pending.shape.mig or pending.other_affinity:
+    if pending.shape.gpus <= 0 or pending.shape.mig or pending.cannot_judge:
         return None
     if pending.gang or not pending.unschedulable:
         return None  # a gang needs room for all its pods; an untried pod may fit yet
-    placer = placer or Placer(states, fresh, facts, policy)
+    placer = placer or Placer(states, fresh, facts, policy, running)
     if placer.fits_now(pending):
         return None  # the scheduler will place it; nothing to move
+    excluded = placer.excluded(pending)
     # Each node's victims do not depend on where they go: rank the nodes by what their
     # plan would cost, then the first whose victims all fit elsewhere is the cheapest.
     candidates: list[tuple[tuple[int, int, str], tuple[PodFacts, ...]]] = []
     for node, st in states.items():
-        if st is None or not fresh.get(node, False) or not may_land(pending, facts.get(node)):
+        f = facts.get(node)
+        if st is None or not fresh.get(node, False) or not may_land(pending, f):
+            continue
+        assert f is not None
+        if in_domains(f, excluded):
             continue
         why = check_node(st, PodShape(0), fresh=True)
         if why is not None or st.gpus_allocatable - st.gpus_unhealthy < pending.shape.gpus:
@@ -306,7 +387,7 @@ def defragment(
             (
                 p
                 for p in running.get(node, ())
-                if p.opted_in and p.owned and not p.other_affinity and not p.terminating
+                if p.opted_in and p.owned and not p.cannot_judge and not p.terminating
                 and p.priority <= pending.priority and p.shape.gpus > 0 and not p.shape.mig
             ),
             key=lambda p: (-p.shape.gpus, p.key),
@@ -323,6 +404,11 @@ def defragment(
         cost = (len(victims), sum(v.shape.gpus for v in victims), node)
         candidates.append((cost, tuple(victims)))
     for (_, _, node), victims_t in sorted(candidates, key=lambda c: c[0]):
+        left = dict(placer.used(node))
+        for r, q in used_by(v.fit for v in victims_t).items():
+            left[r] = left.get(r, 0) - q
+        if insufficient(pending.fit.requests, facts[node].allocatable, left):
+            continue  # another resource (a device, storage, the pod count) stays short
         targets = placer.elsewhere(victims_t, node)
         if targets is not None:
             return Plan(pending, node, victims_t, tuple(targets))

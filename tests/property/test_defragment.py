@@ -60,5 +60,5 @@ def test_the_ranked_search_finds_the_exhaustive_searchs_plan(
     args = planner_inputs(rb, big)
     assert defragment(*args) == exhaustive(*args)
     # A Placer shared across pending pods of a pass gives the same answer again.
-    placer = Placer(*args[1:4], args[5])
+    placer = Placer(*args[1:4], args[5], args[4])
     assert defragment(*args, placer=placer) == defragment(*args, placer=placer)

@@ -1,8 +1,8 @@
 """Soak property of the `gpus` annotation's hysteresis, seconds long (the unit suite stays
 a quick loop): 72,000 noisy GPU readings through the real simulator and labeler."""
 
+from gpudaemon.agent.cache import Cache
 from gpudaemon.backends.simulated import SimulatedBackend, parse_profile
-from gpudaemon.cache import Cache
 from gpudaemon.labels import NodeLabeler
 
 P = "gpudaemon.io/"

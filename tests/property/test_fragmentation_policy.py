@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpudaemon.extender.policies.fragmentation import tie_break
-from gpudaemon.extender.state import NodeState, PodShape
+from gpudaemon.cluster.policies.fragmentation import tie_break
+from gpudaemon.cluster.state import NodeState, PodShape
 from tests.unit.extender.test_fragmentation import GIB, fixed, node
 
 models = st.sampled_from(["A", "B"])

@@ -14,8 +14,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpudaemon.cluster.clusterstate import ClusterState
 from gpudaemon.errors import BadValueError
-from gpudaemon.extender.cluster import ClusterState
 from gpudaemon.labels.annotations import GpuState, count_label, decode_gpus
 from tests.unit.test_untrusted import largest_agent_value
 

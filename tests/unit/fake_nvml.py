@@ -50,6 +50,17 @@ class FakeGpu:
     is_lost: bool = False
     missing: set[str] = field(default_factory=set)
     migs: list[FakeMig] | None = None  # None: MIG off; a list: MIG on, these devices
+    # Health signals: (correctable, uncorrectable, pending, failure) remapped rows; the
+    # clock events mask; the recovery action code; throttle durations (ns) by field id;
+    # retired pages (single-bit, double-bit, pending) or None: unsupported (Ampere+);
+    # NVLink links up, and error counts by (link, counter).
+    remapped: tuple[int, int, int, int] = (0, 0, 0, 0)
+    clock_mask: int = 0
+    recovery: int = 0
+    durations_ns: dict[int, int] = field(default_factory=dict)
+    retired: tuple[list[int], list[int], int] | None = None
+    nvlink_up: int = 0
+    nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def lost(self) -> FakeGpu:
         self.is_lost = True
@@ -243,6 +254,11 @@ class FakeNvml:
             real.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: g.sbe,
             real.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: g.dbe,
             real.NVML_FI_DEV_NVLINK_LINK_COUNT: 18,
+            real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: g.recovery,
+            real.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: 0,
+            real.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: 0,
+            real.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: 0,
+            **g.durations_ns,
         }
         out = []
         for i in ids:
@@ -256,3 +272,32 @@ class FakeNvml:
                 )
             )
         return out
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
+        return self._gpu(h, "nvmlDeviceGetCurrentClocksEventReasons").clock_mask
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: int) -> int:
+        return self._gpu(h, "nvmlDeviceGetCurrentClocksThrottleReasons").clock_mask
+
+    def nvmlDeviceGetRemappedRows(self, h: int) -> tuple[int, int, int, int]:
+        return self._gpu(h, "nvmlDeviceGetRemappedRows").remapped
+
+    def nvmlDeviceGetRetiredPages(self, h: int, cause: int) -> list[int]:
+        g = self._gpu(h, "nvmlDeviceGetRetiredPages")
+        if g.retired is None:
+            raise NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        return g.retired[cause]
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: int) -> int:
+        g = self._gpu(h, "nvmlDeviceGetRetiredPagesPendingStatus")
+        if g.retired is None:
+            raise NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        return g.retired[2]
+
+    def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:
+        g = self._gpu(h, "nvmlDeviceGetNvLinkState")
+        return real.NVML_FEATURE_ENABLED if link < g.nvlink_up else real.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, h: int, link: int, counter: int) -> int:
+        g = self._gpu(h, "nvmlDeviceGetNvLinkErrorCounter")
+        return g.nvlink_errors.get((link, counter), 0)

@@ -6,7 +6,7 @@ import pytest
 from loguru import logger
 from prometheus_client import CollectorRegistry
 
-from gpudaemon.app import Agent
+from gpudaemon.agent.app import Agent
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
 from gpudaemon.config import load_config
 from gpudaemon.errors import BackendError, KubeUnavailableError
@@ -131,7 +131,7 @@ def test_a_sinks_jobs_go_through_the_one_wrapper(capfd: pytest.CaptureFixture[st
     )
     sink, reg = JobsSink(), CollectorRegistry()
     agent = Agent(cfg, registry=reg, label_sink=sink)
-    assert list(agent.jobs) == ["inventory", "telemetry", "labels", "energy", "lease"]
+    assert list(agent.jobs) == ["inventory", "telemetry", "labels", "energy", "health", "lease"]
     assert agent.jobs["lease"].cron == "*/2 * * * * *"
     errors = {"task": "lease"}
     assert reg.get_sample_value("gpudaemon_poll_errors_total", errors) == 0  # exists at 0

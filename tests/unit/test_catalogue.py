@@ -10,9 +10,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpudaemon import catalogue
-from gpudaemon.cache import Cache
+from gpudaemon.agent.cache import Cache
+from gpudaemon.agent.metrics.collector import GpuCollector
 from gpudaemon.history.lines import lines_for
-from gpudaemon.metrics.collector import GpuCollector
 from gpudaemon.model import MIB, GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory, Snapshot
 from tests.unit.metrics.test_collector import FULL as COLLECTOR_FULL
 
@@ -120,11 +120,25 @@ def test_every_reading_reaches_both_exports(field: str) -> None:
     old = getattr(FULL, field)
     if isinstance(old, bool):
         new: object = not old
+    elif field == "health_state":
+        new = "unhealthy" if old != "unhealthy" else "healthy"
+    elif field == "health_action":
+        new = "replace"
+    elif field == "recovery_action":
+        new = "node_reboot"
+    elif field == "clock_events_active":
+        new = frozenset({"hw_power_brake"})
+    elif field == "nvlink_errors_total":
+        new = {**old, 7: {"recovery": 9}}
+    elif field == "clock_event_seconds_total":
+        new = {**old, "hw_power_brake": 2.0}
     elif isinstance(old, dict):
         new = {**old, 48: 1}
     else:
         new = old * 2
-    changed = _snapshot(dataclasses.replace(FULL, **{field: new}))
+    # FULL is unhealthy: a state other than "unhealthy" needs healthy=True with it.
+    extra = {"healthy": True} if field == "health_state" and new != "unhealthy" else {}
+    changed = _snapshot(dataclasses.replace(FULL, **{field: new, **extra}))
     base = _snapshot(FULL)
     assert _prometheus(changed) != _prometheus(base), f"{field}: not in Prometheus"
     assert _influx(changed) != _influx(base), f"{field}: not in InfluxDB"

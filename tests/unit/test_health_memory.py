@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from gpudaemon.agent.healthmemory import AnnotationStore, FileStore, HealthMemory
 from gpudaemon.backends.base import is_sticky
-from gpudaemon.healthmemory import AnnotationStore, FileStore, HealthMemory
 from gpudaemon.model import GpuSample
 
 

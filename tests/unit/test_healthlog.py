@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from loguru import logger
 
+from gpudaemon.agent.healthlog import HealthLog
 from gpudaemon.backends.simulated import FaultSpec, SimulatedBackend, parse_profile
-from gpudaemon.healthlog import HealthLog
 from gpudaemon.model import GpuSample
 from tests.clock import FakeClock
 

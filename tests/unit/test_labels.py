@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from gpudaemon.agent.cache import Cache
 from gpudaemon.backends.simulated import FaultSpec, SimulatedBackend, load_profile, parse_profile
-from gpudaemon.cache import Cache
 from gpudaemon.labels import NodeLabeler
 from gpudaemon.labels.sanitize import is_valid_value
 from gpudaemon.model import Snapshot
@@ -162,10 +162,13 @@ def test_the_gpus_annotation_decodes_to_what_was_encoded() -> None:
         memory_total_mib=snap.inventory.gpus[2].memory_total_mib,
         healthy=False,
         reason="gpu lost",
+        state="unhealthy",
+        action="reboot_node",
         mig_devices=7,
     )  # no readings: absent, not 0
     ok = states[0]
     assert ok.healthy and ok.mig_devices == 7 and ok.utilization_pct is not None
+    assert (ok.state, ok.action, ok.reason) == ("healthy", "none", "")
     assert ok.memory_used_mib is not None and ok.temperature_c is not None
 
 

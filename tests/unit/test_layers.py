@@ -1,6 +1,7 @@
-"""Layers run one way (issue 23): configuration sits below everything that reads it and
-imports none of the Kubernetes, history or extender layers, or the wiring, not even
-lazily inside a function."""
+"""Layers run one way (issues 23 and 29): configuration sits below everything that reads
+it; the shared layers (cluster, kube, labels, ...) import no program; no program imports
+another program. Checked on the imports of every module, lazy and TYPE_CHECKING ones
+included, so a future back-arrow fails here."""
 
 from __future__ import annotations
 
@@ -23,7 +24,16 @@ def imported_modules(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "above", ["gpudaemon.kube", "gpudaemon.history", "gpudaemon.extender", "gpudaemon.app"]
+    "above",
+    [
+        "gpudaemon.kube",
+        "gpudaemon.history",
+        "gpudaemon.cluster",
+        "gpudaemon.agent",
+        "gpudaemon.extender",
+        "gpudaemon.rebalancer",
+        "gpudaemon.status",
+    ],
 )
 def test_config_imports_nothing_from_the_layers_above_it(above: str) -> None:
     mods = imported_modules(PKG / "config.py")
@@ -32,7 +42,7 @@ def test_config_imports_nothing_from_the_layers_above_it(above: str) -> None:
 
 
 def test_no_bench_imports_the_wiring_even_through_a_test_helper() -> None:
-    """bench/ measures library modules, never gpudaemon.app; a helper of tests/ that a
+    """bench/ measures library modules, never gpudaemon.agent.app; a helper of tests/ that a
     bench imports counts too (it would bring the wiring in through the back door)."""
     bench = PKG.parent / "bench"
     seen: set[Path] = set()
@@ -45,13 +55,125 @@ def test_no_bench_imports_the_wiring_even_through_a_test_helper() -> None:
             continue
         seen.add(path)
         for mod in imported_modules(path):
-            if mod == "gpudaemon.app":
+            if mod == "gpudaemon.agent.app":
                 offenders.append(path.relative_to(PKG.parent))
             elif mod.split(".")[0] in ("bench", "tests"):
                 f = PKG.parent / (mod.replace(".", "/") + ".py")
                 if f.exists():
                     todo.append(f)
     assert offenders == []
+
+
+# Shared modules at the package root: what every program may import.
+ROOT = {
+    "__init__", "errors", "model", "logsetup", "selector", "incluster", "textfile",
+    "httpserver", "schedule", "catalogue", "config",
+}  # fmt: skip
+# Each layer (a sub-package, or a module named here) and the layers it may import; a
+# layer may always import itself. Programs: agent, extender, rebalancer, status (cli is
+# the dispatcher that starts them). Shared layers never import a program.
+ALLOWED: dict[str, set[str]] = {
+    # config checks the label prefix (labels/sanitize.py); the metric catalogue names the
+    # health signals' values (health/signals.py, health/verdict.py)
+    "root": {"labels", "health"},
+    "health": {"root"},  # signal -> state -> action tables: pure, read by backends and agent
+    "backends": {"root", "health"},
+    "labels": {"root"},
+    "kube": {"root"},
+    "history": {"root"},
+    "podresources": {"root"},
+    "cluster": {"root", "labels", "kube"},
+    "agent": {"root", "backends", "health", "labels", "kube", "history", "podresources"},
+    "extender": {"root", "labels", "kube", "cluster"},
+    "rebalancer": {"root", "labels", "kube", "cluster"},
+    "status": {"root", "labels", "kube", "cluster"},
+    "cli": {"root", "backends", "labels", "kube", "agent", "extender", "rebalancer", "status"},
+}
+PROGRAMS = ("agent", "extender", "rebalancer", "status")
+
+
+def layer_of(module: str) -> str:
+    """The layer of a dotted module under gpudaemon; unknown ones fail so that a new
+    top-level module has to be placed in the table."""
+    parts = module.split(".")[1:] or ["__init__"]
+    head = parts[0]
+    if head in ("cli", "__main__"):
+        return "cli"
+    if head in ROOT:
+        return "root"
+    if head in ALLOWED:
+        return head
+    raise AssertionError(f"gpudaemon.{head} is in no layer: add it to ROOT or ALLOWED")
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
+
+def gpudaemon_imports(path: Path) -> set[str]:
+    """Every gpudaemon module `path` imports, relative imports resolved, and
+    `from gpudaemon.x import y` counted as gpudaemon.x.y when y is a module."""
+    here = module_name(path).split(".") if path.is_relative_to(PKG) else []
+    if here and path.name != "__init__.py":
+        here = here[:-1]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = here[: len(here) - node.level + 1]
+                base = ".".join([*pkg, *([base] if base else [])])
+            out.add(base)
+            for a in node.names:
+                sub = PKG.parent / (base.replace(".", "/") + "/" + a.name)
+                if sub.with_suffix(".py").exists() or sub.is_dir():
+                    out.add(f"{base}.{a.name}")
+    return {m for m in out if m == "gpudaemon" or m.startswith("gpudaemon.")}
+
+
+def all_modules() -> list[Path]:
+    return sorted(p for p in PKG.rglob("*.py") if "_gen" not in p.parts)
+
+
+def test_the_table_covers_every_module() -> None:
+    mods = all_modules()
+    assert len(mods) > 50, "gpudaemon/ not found"
+    layers = {layer_of(module_name(p)) for p in mods}
+    assert set(PROGRAMS) <= layers
+    assert {"cluster", "kube", "labels", "backends", "history"} <= layers
+
+
+def test_every_import_follows_the_layer_table() -> None:
+    back_arrows = []
+    for path in all_modules():
+        mine = layer_of(module_name(path))
+        for mod in gpudaemon_imports(path):
+            theirs = layer_of(mod)
+            if theirs != mine and theirs not in ALLOWED[mine]:
+                back_arrows.append(f"{path.relative_to(PKG.parent)} -> {mod}")
+    assert back_arrows == []
+
+
+def test_no_shared_layer_or_program_imports_another_program() -> None:
+    """The table itself says so: only cli starts programs."""
+    for layer, allowed in ALLOWED.items():
+        if layer != "cli":
+            assert not (allowed & set(PROGRAMS)), layer
+
+
+def test_the_check_sees_a_lazy_back_arrow(tmp_path: Path) -> None:
+    """The parser finds an import hidden in a function body, as a planner importing
+    the extender's wiring would be."""
+    f = tmp_path / "planner.py"
+    f.write_text("def f():\n    from gpudaemon.extender.app import Extender\n")
+    assert "gpudaemon.extender.app" in gpudaemon_imports(f)
+    assert layer_of("gpudaemon.extender.app") not in ALLOWED["rebalancer"]
 
 
 @pytest.mark.parametrize(

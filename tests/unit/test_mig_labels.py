@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from gpudaemon.agent.cache import Cache
 from gpudaemon.backends.simulated import SimulatedBackend, parse_profile
-from gpudaemon.cache import Cache
 from gpudaemon.labels import NodeLabeler
 from gpudaemon.model import Snapshot
 from tests.clock import FakeClock

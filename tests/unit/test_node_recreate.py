@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpudaemon.app import Agent
+from gpudaemon.agent.app import Agent
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
 from gpudaemon.config import load_config
 from gpudaemon.errors import KubeNotFoundError

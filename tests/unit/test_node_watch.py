@@ -12,9 +12,9 @@ from collections.abc import Iterator, Mapping
 from types import SimpleNamespace
 from typing import Any
 
+from gpudaemon.agent.nodewatch import NodeWatch, resource_version
 from gpudaemon.errors import KubeGoneError, KubeNotFoundError, KubeUnavailableError
 from gpudaemon.kube.backoff import Backoff
-from gpudaemon.kube.nodewatch import NodeWatch, resource_version
 from tests.unit.test_kube import P, ls
 from tests.unit.test_node_recreate import Recreatable, recreatable_sink
 

@@ -14,13 +14,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
-from gpudaemon.cache import Cache
+from gpudaemon.agent.cache import Cache
+from gpudaemon.agent.metrics.collector import ReadingAgeCollector
+from gpudaemon.agent.metrics.selfmetrics import AgentMetrics
 from gpudaemon.catalogue import CATALOGUE
 from gpudaemon.config import ENV_PREFIX, Config
 from gpudaemon.extender.metrics import CacheCollector, ExtenderMetrics
 from gpudaemon.history.writer import InfluxMetrics
-from gpudaemon.metrics.collector import ReadingAgeCollector
-from gpudaemon.metrics.selfmetrics import AgentMetrics
 from tests.support import REPO, run_cli
 
 REFERENCE = REPO / "docs" / "reference"

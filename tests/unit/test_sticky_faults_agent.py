@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpudaemon.app import Agent
+from gpudaemon.agent.app import Agent
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
 from gpudaemon.config import load_config
 from tests.clock import FakeClock

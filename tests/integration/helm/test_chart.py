@@ -227,6 +227,26 @@ def test_influxdb_token_comes_from_the_secret_as_a_file(helm: str) -> None:
     assert config["kubernetes"]["lease_namespace"] == "gpudaemon"
 
 
+def test_rebalancer_namespaces_reach_its_config_and_bad_ones_are_refused(helm: str) -> None:
+    """rebalancer.namespaces becomes rebalance.namespaces (issue 28); a name that is
+    not a DNS-1123 label fails the chart's schema before anything is installed."""
+    from gpudaemon.config import load_config
+
+    docs = template(helm, "-f", str(EVERYTHING))
+    text = one(docs, "ConfigMap", "gpudaemon-rebalancer")["data"]["config.yaml"]
+    config = yaml.safe_load(text)
+    assert config["rebalance"]["namespaces"] == ["research", "team-a"]
+    assert config["rebalance"]["selector"] == "team=research"  # the user's keys merged in
+    cfg = load_config(None, environ={}, overrides={**config, "node_name": "x"})
+    assert cfg.rebalance.namespaces == ["research", "team-a"]
+    default = template(helm, "--set", "rebalancer.enabled=true")
+    plain = yaml.safe_load(one(default, "ConfigMap", "gpudaemon-rebalancer")["data"]["config.yaml"])
+    assert "namespaces" not in plain["rebalance"]  # empty: every namespace
+    proc = run_helm(helm, "template", "x", str(CHART), "--set", "rebalancer.enabled=true",
+                    "--set", "rebalancer.namespaces={Team_A}")  # fmt: skip
+    assert proc.returncode != 0 and "namespaces" in proc.stderr, proc.stderr
+
+
 def test_one_prefix_for_agent_and_policy(helm: str) -> None:
     docs = template(helm, "--set", "labelPrefix=gpu.example.com/", namespace="ops")
     config = yaml.safe_load(one(docs, "ConfigMap", "gpudaemon-agent")["data"]["config.yaml"])
@@ -336,3 +356,23 @@ def test_chart_readme_names_every_top_level_value() -> None:
     readme = (CHART / "README.md").read_text()
     missing = [k for k in values if f"`{k}`" not in readme]
     assert missing == []
+
+
+def test_rebalancer_rbac_grants_only_what_its_code_calls(helm: str) -> None:
+    """Reads, evictions, a patch of pods (held to its reservation annotations by the
+    pod-writes policy), Events created; no update, delete, pod subresource but
+    eviction, Event patch or PodDisruptionBudget read (issue 28)."""
+    docs = template(helm, "--set", "rebalancer.enabled=true")
+    role = one(docs, "ClusterRole", "gpudaemon-rebalancer")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    ]
+    vap = one(docs, "ValidatingAdmissionPolicy", "gpudaemon-rebalancer-pod-writes")
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    assert vap["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["pods", "pods/*"]
+    for name in ("gpudaemon-rebalancer-pod-writes", "gpudaemon-rebalancer-own-lease"):
+        binding = one(docs, "ValidatingAdmissionPolicyBinding", name)
+        assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}

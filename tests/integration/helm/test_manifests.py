@@ -1,11 +1,13 @@
 """One source of truth: deploy/manifests/, the PrometheusRule and the chart's copies of
 the alert rules and dashboards are what scripts/render-manifests makes from their
 sources; the chart's scheduler configuration is the documented example's; and the real
-kube-scheduler accepts it."""
+kube-scheduler accepts it. The no-Helm install command of docs/install.md, run as
+written, gives every gpudaemon container the image it names."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,13 +16,17 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.integration.helm.cluster import Cluster
 from tests.integration.helm.conftest import CHART, run_helm
+from tests.integration.helm.test_chart import _resources
 from tests.support import REPO
 
 pytestmark = pytest.mark.integration
 
 SCRIPT = REPO / "scripts" / "render-manifests"
 EXAMPLE = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
+MANIFESTS = REPO / "deploy" / "manifests"
+INSTALL = REPO / "docs" / "install.md"
 
 
 def check(helm: str, root: Path = REPO) -> subprocess.CompletedProcess[str]:
@@ -122,3 +128,79 @@ def test_real_kube_scheduler_accepts_the_chart_config(
     assert all(r == {"name": r["name"]} for r in ext["managedResources"])  # + and . accepted
     assert written["leaderElection"]["leaderElect"] is True
     assert written["leaderElection"]["resourceName"] == "gpudaemon-scheduler"
+
+
+def no_helm_command() -> str:
+    """The fenced block of docs/install.md that pipes deploy/manifests into kubectl."""
+    blocks = re.findall(r"```sh\n(.*?)```", INSTALL.read_text(), flags=re.S)
+    (block,) = [b for b in blocks if "| kubectl apply -f -" in b]
+    return str(block)
+
+
+def containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = (doc.get("spec") or {}).get("template", {}).get("spec") or {}
+    return [*spec.get("initContainers", []), *spec.get("containers", [])]
+
+
+def test_the_documented_no_helm_command_sets_every_gpudaemon_image(
+    cluster: Cluster, release: str, tmp_path: Path
+) -> None:
+    """The command as a reader runs it, from the repository root, with a `kubectl` that
+    records its arguments and what it is given; then the API server judges that stream
+    (what `kubectl apply --server-side --dry-run=server` would send; the namespace
+    `gpudaemon` exists, with the chart's release in it)."""
+    block = no_helm_command()
+    (image,) = re.findall(r"^IMAGE=(\S+)$", block, flags=re.M)
+    shim = tmp_path / "bin" / "kubectl"
+    shim.parent.mkdir()
+    shim.write_text('#!/bin/sh\necho "$@" > "$RECORD.args"\ncat > "$RECORD"\n')
+    shim.chmod(0o755)
+    record = tmp_path / "stream.yaml"
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=REPO,
+                          env={**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}",
+                               "RECORD": str(record)},
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert Path(f"{record}.args").read_text().split() == ["apply", "-f", "-"]
+    stream = [d for d in yaml.safe_load_all(record.read_text()) if d]
+
+    # Every object of every file, each whole (none merged into its neighbour), the
+    # Namespace first; only the monitoring/ files (which need CRDs) are left out.
+    def key(d: dict[str, Any]) -> tuple[str, str]:
+        return (d["kind"], d["metadata"]["name"])
+
+    files = sorted(MANIFESTS.glob("*.yaml"))
+    expected = [key(d) for f in files for d in yaml.safe_load_all(f.read_text()) if d]
+    assert sorted(map(key, stream)) == sorted(expected)
+    assert key(stream[0]) == ("Namespace", "gpudaemon")
+
+    seen: dict[tuple[str, str], str] = {}
+    for doc in stream:
+        for c in containers(doc):
+            seen[(doc["metadata"]["name"], c["name"])] = c["image"]
+    kube_scheduler = ("gpudaemon-scheduler", "kube-scheduler")
+    assert seen.pop(kube_scheduler).startswith("registry.k8s.io/kube-scheduler:")
+    assert {("gpudaemon", "agent"), ("gpudaemon-scheduler", "extender")} <= set(seen)
+    assert set(seen.values()) == {image}, seen
+    # Against the committed files: only the image lines changed.
+    original = {key(d): d for f in files for d in yaml.safe_load_all(f.read_text()) if d}
+    for doc in stream:
+        for c in containers(doc):
+            c["image"] = "-"
+        for c in containers(original[key(doc)]):
+            c["image"] = "-"
+        assert doc == original[key(doc)], key(doc)
+
+    resources = _resources(cluster)
+    for doc in stream:
+        base, namespaced, plural = resources[(doc["apiVersion"], doc["kind"])]
+        meta = doc["metadata"]
+        where = f"/namespaces/{meta['namespace']}" if namespaced else ""
+        cluster.request(
+            "PATCH",
+            f"{base}{where}/{plural}/{meta['name']}",
+            body=doc,
+            content_type="application/apply-patch+yaml",
+            query={"dryRun": "All", "fieldManager": "no-helm-dry-run", "force": "true",
+                   "fieldValidation": "Strict"},
+        )  # fmt: skip

@@ -10,7 +10,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from gpudaemon import catalogue
-from gpudaemon.app import Agent
+from gpudaemon.agent.app import Agent
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
 from gpudaemon.config import load_config
 from gpudaemon.history.transport import Transport

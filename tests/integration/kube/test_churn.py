@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpudaemon.app import Agent
+from gpudaemon.agent.app import Agent
+from gpudaemon.agent.nodelabels import NodeLabelSink
 from gpudaemon.backends.simulated import FaultSpec, SimulatedBackend, load_profile
 from gpudaemon.config import load_config
-from gpudaemon.kube.nodelabels import NodeLabelSink
 from tests.clock import FakeClock
 from tests.integration.kube.controlplane import ControlPlane, annotation
 

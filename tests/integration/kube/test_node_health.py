@@ -1,7 +1,8 @@
 """GPU health where kubectl and the default scheduler see it (issue 17), against the real
 API server with the shipped RBAC and admission policy, as the agent's identity: the
-`gpu.unhealthy` label, the `GPUHealthy` condition written only on change, and the
-opt-in taint the agent may add and remove, and nothing else of the spec or status."""
+`gpu.unhealthy` label, the `GPUHealthy` condition written only on change (its message
+naming each GPU's state, reason and action, issue 30; degraded GPUs keep it True), and
+the opt-in taint the agent may add and remove, and nothing else of the spec or status."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from gpudaemon.agent.nodehealth import NodeHealthWriter
 from gpudaemon.errors import KubeError
 from gpudaemon.kube.client import KubeClient
-from gpudaemon.kube.nodehealth import NodeHealthWriter
+from gpudaemon.labels import GpuHealth
 from tests.integration.kube.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
@@ -44,15 +46,25 @@ def test_condition_and_opt_in_taint_as_the_agent(control_plane: ControlPlane, no
         content_type=STRATEGIC)  # fmt: skip
 
     w = NodeHealthWriter(agent, node, "gpudaemon.io/", taint=True)
-    assert w.sync([(3, "xid 79")], 8) is True
+    xid = GpuHealth(3, "xid 79", "unhealthy", "reboot_node")
+    assert w.sync([xid], 8) is True
     got = control_plane.node(node)
     c = condition(got)
     assert c is not None and (c["status"], c["reason"]) == ("False", "GPUUnhealthy")
-    assert c["message"] == "1 of 8 GPU(s) unhealthy: GPU 3: xid 79"
+    assert c["message"] == "1 of 8 GPU(s) unhealthy: GPU 3: xid 79 (unhealthy, action reboot_node)"
     assert {t["key"] for t in got["spec"]["taints"]} == {"dedicated", TAINT}
     rv = got["metadata"]["resourceVersion"]
-    assert w.sync([(3, "xid 79")], 8) is False  # no change: no write
+    assert w.sync([xid], 8) is False  # no change: no write
     assert control_plane.node(node)["metadata"]["resourceVersion"] == rv
+
+    # Degraded only: schedulable, so True (the policy allows the new reason) and untainted.
+    slow = GpuHealth(2, "clock event hw_thermal", "degraded", "watch")
+    assert w.sync([slow], 8) is True
+    got = control_plane.node(node)
+    c = condition(got)
+    assert c is not None and (c["status"], c["reason"]) == ("True", "GPUDegraded")
+    assert "GPU 2: clock event hw_thermal (degraded, action watch)" in c["message"]
+    assert [t["key"] for t in got["spec"]["taints"]] == ["dedicated"]
 
     assert w.sync([], 8) is True  # repaired
     got = control_plane.node(node)

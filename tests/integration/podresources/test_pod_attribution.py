@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpudaemon.agent.cache import Cache
+from gpudaemon.agent.metrics.collector import GpuCollector
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
-from gpudaemon.cache import Cache
-from gpudaemon.metrics.collector import GpuCollector
 from gpudaemon.model import PodRef
 from gpudaemon.podresources import PodAttribution, PodResourcesError, list_pod_resources
 from gpudaemon.podresources.client import device_map

@@ -3,7 +3,7 @@ real `gpudaemon extender` and a real `gpudaemon rebalance` (dry run), all on a r
 kube-apiserver.
 
 Node A simulates a DGX H100 with faults from a profile file (XID 79 on GPU 3, GPU 5
-lost) and a fake kubelet assigning GPU 2 to a pod, and writes history to an InfluxDB
+lost, a pending row remap on GPU 6, a clock slowdown on GPU 1) and a fake kubelet assigning GPU 2 to a pod, and writes history to an InfluxDB
 that does not answer (so the history series have something to say); node B simulates
 A100s split into MIG instances, one of them assigned to a pod. Both label their Nodes
 and hold Leases, which the extender watches; a few /filter and /prioritize calls give
@@ -117,6 +117,9 @@ def stack(control_plane: ControlPlane) -> Iterator[Stack]:
         profile["faults"] = [
             {"kind": "xid", "gpu": 3, "xid": 79, "after_s": 3},
             {"kind": "lost", "gpu": 5, "after_s": 3},
+            # Issue 30's health signals: a reset needed, and a degraded GPU.
+            {"kind": "row_remap", "gpu": 6, "pending": True, "after_s": 3},
+            {"kind": "clock_event", "gpu": 1, "reasons": ["hw_slowdown"], "after_s": 3},
         ]
         (work / "dgx-faulty.yaml").write_text(yaml.safe_dump(profile))
         gpu2 = SimulatedBackend(load_profile(str(work / "dgx-faulty.yaml")), seed=0)

@@ -150,14 +150,45 @@ def test_injected_lost_gpu_fires_the_lost_alert_and_not_unhealthy(stack: Stack) 
     assert alert["labels"]["severity"] == "critical"
     series = stack.query('ALERTS{alertname="GpudaemonGpuLost", alertstate="firing"}')
     assert [(s["metric"]["node"], s["metric"]["gpu"]) for s in series] == [(NODE_A, "5")]
-    # XID 79 on GPU 3 makes it unhealthy (not lost): that is the Unhealthy alert's job.
+    # XID 79 on GPU 3 makes it unhealthy (not lost) with the action reboot_node: the
+    # reboot alert's job (issue 30), not the plain Unhealthy one's, nor again for GPU 5.
     wait_for(
-        lambda: _firing(stack, "GpudaemonGpuUnhealthy", node=NODE_A, gpu="3"),
+        lambda: _firing(stack, "GpudaemonGpuNeedsReboot", node=NODE_A, gpu="3"),
         timeout=60,
         interval=1,
-        what="GpudaemonGpuUnhealthy firing for GPU 3",
+        what="GpudaemonGpuNeedsReboot firing for GPU 3",
     )
-    assert not _firing(stack, "GpudaemonGpuUnhealthy", gpu="5")
+    assert not _firing(stack, "GpudaemonGpuNeedsReboot", gpu="5")
+    assert not _firing(stack, "GpudaemonGpuUnhealthy")
+
+
+def test_health_verdicts_fire_their_action_alerts(stack: Stack) -> None:
+    """A pending row remap (GPU 6) fires the reset alert; a clock slowdown (GPU 1), the
+    degraded one (its hour shortened like every `for:`); each only for its GPU."""
+    reset = wait_for(
+        lambda: _firing(stack, "GpudaemonGpuNeedsReset", node=NODE_A, gpu="6"),
+        timeout=60,
+        interval=1,
+        what="GpudaemonGpuNeedsReset firing for GPU 6",
+    )
+    assert (reset["labels"]["action"], reset["labels"]["severity"]) == ("reset_gpu", "critical")
+    degraded = wait_for(
+        lambda: _firing(stack, "GpudaemonGpuDegraded", node=NODE_A, gpu="1"),
+        timeout=60,
+        interval=1,
+        what="GpudaemonGpuDegraded firing for GPU 1",
+    )
+    assert degraded["labels"]["severity"] == "warning"
+    fired = {
+        (a["labels"]["alertname"], a["labels"].get("node"), a["labels"].get("gpu"))
+        for a in stack.alerts()
+        if a["labels"]["alertname"].startswith(("GpudaemonGpuNeeds", "GpudaemonGpuDegraded"))
+    }
+    assert fired == {
+        ("GpudaemonGpuNeedsReboot", NODE_A, "3"),
+        ("GpudaemonGpuNeedsReset", NODE_A, "6"),
+        ("GpudaemonGpuDegraded", NODE_A, "1"),
+    }
 
 
 def test_rule_groups_evaluate_without_errors(stack: Stack) -> None:
@@ -169,5 +200,5 @@ def test_rule_groups_evaluate_without_errors(stack: Stack) -> None:
     assert sorted(r["name"] for r in rules) == sorted(
         r["alert"] for g in shipped for r in g["rules"]
     )  # every shipped rule is loaded, none dropped
-    assert len(rules) >= 19
+    assert len(rules) >= 24
     assert {r["name"]: r["health"] for r in rules} == {r["name"]: "ok" for r in rules}

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from gpudaemon.app import Agent
+from gpudaemon.agent.app import Agent
 from gpudaemon.config import load_config
 from gpudaemon.errors import KubeError
 from tests.integration.podresources.fake_kubelet import KubeletServer, pod

@@ -10,6 +10,9 @@ disruption controller), live agents publishing which pod holds which GPU, and re
    only after one node's pods move, and no other node loses a pod.
 3. Nothing to gain: two such nodes cannot take each other's pods: nothing is evicted.
 4. One leader of two replicas; killing it hands over within one Lease duration.
+5. Room only for a pod that will then fit (issue 28): nothing is evicted for a pending
+   pod that needs a resource no node has, nor for one of a namespace not served; a
+   legitimate pending pod still gets its room.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import pytest
 from gpudaemon.backends.simulated import FaultSpec, SimulatedBackend
 from gpudaemon.errors import KubeError
 from tests.integration.rebalancer.rig import P, RebalanceRig, metric
-from tests.integration.scheduler.rig import NS
+from tests.integration.scheduler.rig import GROUP, NS
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
@@ -242,6 +245,72 @@ def test_nothing_is_evicted_when_the_pods_would_not_fit_elsewhere(rig: Rebalance
     rig.stop_rebalancers()
     rig.delete(f"/apis/apps/v1/namespaces/{NS}/deployments/tight")
     rig.delete(f"/api/v1/namespaces/{NS}/pods/big-tight")
+
+
+def pending_pod(rig: RebalanceRig, name: str, group: str, namespace: str = NS,
+                extra: dict[str, str] | None = None) -> None:  # fmt: skip
+    """An 8-GPU pod of the gpudaemon scheduler, asking for `extra` resources too; waits
+    until the real scheduler has found no node for it."""
+    res = {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "8", **(extra or {})}
+    rig.cp.admin.request("POST", f"/api/v1/namespaces/{namespace}/pods", body={
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"schedulerName": "gpudaemon-scheduler", "nodeSelector": {GROUP: group},
+                 "terminationGracePeriodSeconds": 0,
+                 "containers": [{"name": "c", "image": "example.invalid/x",
+                                 "resources": {"requests": res, "limits": res}}]}})  # fmt: skip
+
+    def unschedulable() -> bool:
+        p = rig.cp.admin.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        conds = (p.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "PodScheduled" and c["status"] == "False" for c in conds)
+
+    wait_for(unschedulable, 60, what=f"{namespace}/{name} unschedulable")
+
+
+def test_room_only_for_a_pod_that_will_then_fit(rig: RebalanceRig) -> None:
+    nodes = [f"fit-{i}" for i in range(4)]
+    before = fill(rig, "fit", nodes, "fitsmall")
+    rig.cp.admin.request("POST", "/api/v1/namespaces", body={
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tenant-b"}})  # fmt: skip
+    # A resource no node has, and a namespace the rebalancer does not serve: either
+    # would get six evictions by GPUs alone.
+    pending_pod(rig, "needs-foo", "fit", extra={"example.com/foo": "1"})
+    pending_pod(rig, "other-tenant", "fit", namespace="tenant-b")
+    url = rig.start_rebalancer("apply", apply=True, namespaces=[NS])
+    wait_for(lambda: metric(url, "gpudaemon_rebalancer_passes_total") >= 5, 30,
+             what="five passes")  # fmt: skip
+    assert metric(url, EVICTIONS, kind="defrag", result="done") == 0
+    assert bound(rig, "app=fitsmall") == before
+    skipped = "gpudaemon_rebalancer_skipped_total"
+    assert metric(url, skipped, kind="defrag", reason="never_fits") == 1
+    assert metric(url, skipped, kind="defrag", reason="namespace") == 1
+    [ev] = [e for e in rig.events("needs-foo") if e["reason"] == "RebalanceSkipped"]
+    assert "example.com/foo" in ev["message"], ev["message"]
+    assert "RebalanceDefragment" not in reasons(rig, "needs-foo")
+    tenant_events = rig.cp.admin.request("GET", "/api/v1/namespaces/tenant-b/events")
+    ours = [e for e in tenant_events.get("items") or []
+            if e["source"].get("component") == "gpudaemon-rebalancer"]  # fmt: skip
+    assert ours == []  # nothing written where it does not serve
+
+    # The legitimate pod: room is made on one node, and it binds there.
+    pending_pod(rig, "fits", "fit")
+
+    def fits_bound() -> str | None:
+        p = rig.cp.admin.request("GET", f"/api/v1/namespaces/{NS}/pods/fits")
+        return str(p["spec"].get("nodeName") or "") or None
+
+    try:
+        wait_for(fits_bound, 120, what="the legitimate 8-GPU pod bound")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{rig.rebalancer_log('apply')[-4000:]}") from None
+    assert metric(url, EVICTIONS, kind="defrag", result="done") == 6
+    assert "RebalanceDefragment" in reasons(rig, "fits")
+    assert "RebalanceDefragment" not in reasons(rig, "needs-foo")
+    rig.stop_rebalancers()
+    rig.delete(f"/apis/apps/v1/namespaces/{NS}/deployments/fitsmall")
+    for path in (f"/api/v1/namespaces/{NS}/pods/needs-foo", f"/api/v1/namespaces/{NS}/pods/fits",
+                 "/api/v1/namespaces/tenant-b/pods/other-tenant"):  # fmt: skip
+        rig.delete(path)
 
 
 def test_one_leader_and_a_handover_within_one_lease_duration(rig: RebalanceRig) -> None:

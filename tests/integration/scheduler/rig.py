@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from gpudaemon.app import Agent
+from gpudaemon.agent.app import Agent
 from gpudaemon.config import load_config
 from gpudaemon.errors import KubeNotFoundError
 from gpudaemon.extender.app import Extender

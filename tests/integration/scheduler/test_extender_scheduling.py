@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from gpudaemon.extender.policies import BinPack
-from gpudaemon.extender.state import NodeState, PodShape
+from gpudaemon.cluster.policies import BinPack
+from gpudaemon.cluster.state import NodeState, PodShape
 from tests.integration.scheduler.rig import SchedulerRig
 from tests.support import wait_for
 

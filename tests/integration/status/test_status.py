@@ -1,7 +1,10 @@
 """`gpudaemon status` against a real API server with four nodes run by real simulated
-agents (issue 18): one with a lost GPU, one whose agent was stopped, GPU pods bound on
-two. Total, healthy, allocated, free and fresh per node are checked in the JSON, and the
-table shows the same numbers."""
+agents (issue 18): one with a lost GPU and a degraded one (a clock slowdown: issue 30's
+state and action per GPU), one whose agent was stopped, GPU pods bound on two. Total, healthy, allocated, free and fresh per node are checked in the JSON, and the
+table shows the same numbers; the stopped agent's node shows its health as unknown and
+says why (issue 28). A release in another namespace: `status -n <namespace>` shows its
+agents' nodes fresh, `status` alone finds their Leases by label, and a node without an
+agent shows no healthy GPUs."""
 
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ LOST_GPU5 = """driver_version: "550.54.15"
 cuda_version: "12.4"
 gpus:
   - {name: NVIDIA H100 80GB HBM3, memory_total_mib: 81559, compute_capability: "9.0", count: 8}
-faults: [{kind: lost, gpu: 5}]
+faults: [{kind: lost, gpu: 5}, {kind: clock_event, gpu: 2, reasons: [hw_slowdown]}]
 """
 
 
@@ -113,23 +116,37 @@ def test_status_gives_the_right_numbers_per_node(fleet: dict[str, Any]) -> None:
     assert got == {
         "busy": (8, 8, 4, 4, True),
         "lost": (8, 7, 2, 5, True),  # the lost GPU is neither free nor healthy
-        "stopped": (8, 8, 0, 8, False),
+        "stopped": (8, None, 0, None, False),  # no fresh data: unknown, not healthy
         "idle": (8, 8, 0, 8, True),
     }
-    assert rows[names["lost"]]["unhealthy"] == [{"index": 5, "reason": "gpu lost"}]
+    assert rows[names["lost"]]["unhealthy"] == [
+        {"index": 5, "reason": "gpu lost", "state": "unhealthy", "action": "reboot_node"}
+    ]
+    # Degraded: schedulable (among the healthy and free), but shown with its action.
+    assert rows[names["lost"]]["degraded"] == [
+        {"index": 2, "reason": "clock event hw_slowdown", "state": "degraded", "action": "watch"}
+    ]
+    assert rows[names["idle"]]["degraded"] == [] and rows[names["stopped"]]["degraded"] is None
     assert rows[names["busy"]]["product"] == "NVIDIA-H100-80GB-HBM3"
     assert rows[names["stopped"]]["age_s"] > 10 and rows[names["idle"]]["age_s"] < 10
+    assert rows[names["stopped"]]["stale_reason"].startswith("the Lease expired ")
+    assert rows[names["idle"]]["stale_reason"] is None
     (summary,) = out["summary"]
     assert (summary["nodes"], summary["stale_nodes"], summary["total"]) == (4, 1, 32)
-    assert (summary["healthy"], summary["allocated"], summary["free"]) == (31, 6, 17)
+    assert (summary["healthy"], summary["allocated"], summary["free"]) == (23, 6, 17)
+    assert summary["degraded"] == 1
 
     table = status(cp, "-l", f"status-test={tag}")
     lines = {ln.split()[0]: ln.split() for ln in table.splitlines() if ln.startswith("st-")}
     for k, n in names.items():
         total, healthy, allocated, free, fresh = got[k]
-        assert lines[n][2:7] == [str(total), str(healthy), str(allocated), str(free),
+        assert lines[n][2:7] == [str(total), "-" if healthy is None else str(healthy),
+                                 str(allocated), "-" if free is None else str(free),
                                  "yes" if fresh else "NO"]  # fmt: skip
+    assert lines[names["lost"]][8] == "2=degraded/watch,5=unhealthy/reboot_node"
+    assert lines[names["idle"]][8] == "-"
     assert "5: gpu lost" in table
+    assert "stale: the Lease expired " in table
 
 
 def test_status_without_a_kubeconfig_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,3 +155,61 @@ def test_status_without_a_kubeconfig_is_one_line(monkeypatch: pytest.MonkeyPatch
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     p = run_cli("status")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+AGENT = """node_name: {node}
+simulate: dgx-h100
+metrics: {{listen: '127.0.0.1:0'}}
+labels: {{to: apiserver}}
+kubernetes: {{kubeconfig: '{kubeconfig}', lease_namespace: {namespace}}}
+schedules: {{labels: '*/2 * * * * *'}}
+"""
+
+
+def test_status_finds_a_release_in_another_namespace(
+    control_plane: ControlPlane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Done-when 5 of issue 28: every node showed stale when the chart ran in another
+    namespace, and a node with no agent showed HEALTHY 8, FREE 8."""
+    cp = control_plane
+    tag = uuid.uuid4().hex[:6]
+    ns = f"gpu-ops-{tag}"
+    cp.admin.request("POST", "/api/v1/namespaces",
+                     body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})  # fmt: skip
+    names = [f"ns-{tag}-{i}" for i in range(3)]  # the last one runs no agent
+    for n in names:
+        cp.create_node(n, {"status-ns-test": tag})
+    procs = []
+    try:
+        for n in names[:2]:
+            cfg = tmp_path / f"{n}.yaml"
+            # The admin's kubeconfig: the agents' RBAC in the test's manifests is for
+            # the namespace gpudaemon; what is under test is where status looks.
+            cfg.write_text(AGENT.format(node=n, kubeconfig=cp.admin_kubeconfig, namespace=ns))
+            procs.append(start_agent(["run", "--config", str(cfg)], log=tmp_path / f"{n}.log"))
+        for n in names[:2]:
+            wait_for(lambda n=n: cp.lease(n, ns), timeout=60, what=f"{n}'s Lease in {ns}")
+        monkeypatch.delenv("GPUDAEMON_KUBERNETES__LEASE_NAMESPACE", raising=False)
+
+        def rows(*args: str) -> dict[str, Any]:
+            out = json.loads(status(cp, "-o", "json", "-l", f"status-ns-test={tag}", *args))
+            return {r["name"]: r for r in out["nodes"]}
+
+        for args in (["-n", ns], ["--namespace", ns], []):  # [] : found by the Leases' label
+            got = rows(*args)
+            for n in names[:2]:
+                assert (got[n]["fresh"], got[n]["healthy"], got[n]["free"]) == (True, 8, 8), args
+            no_agent = got[names[2]]
+            assert (no_agent["fresh"], no_agent["healthy"], no_agent["free"]) == (
+                False, None, None)  # fmt: skip
+            assert no_agent["stale_reason"].startswith("no agent Lease in namespace"), no_agent
+            assert ns in no_agent["stale_reason"]
+        line = next(ln for ln in status(cp, "-n", ns).splitlines() if ln.startswith(names[2]))
+        assert line.split()[2:7] == ["8", "-", "0", "-", "NO"], line
+        # The chart's default namespace holds none of this release's Leases.
+        wrong = rows("-n", "gpudaemon")
+        assert not any(r["fresh"] for r in wrong.values())
+        assert wrong[names[0]]["stale_reason"] == "no agent Lease in namespace gpudaemon"
+    finally:
+        for p in procs:
+            stop(p)

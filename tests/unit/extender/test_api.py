@@ -13,12 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from gpudaemon.cluster.clusterstate import ClusterState
+from gpudaemon.cluster.policies import BinPack, Spread
+from gpudaemon.cluster.policies.fragmentation import Fragmentation, Workload
+from gpudaemon.cluster.scoring import best_nodes, check_node, to_levels
+from gpudaemon.cluster.state import PodShape
 from gpudaemon.extender.api import ExtenderApi
-from gpudaemon.extender.cluster import ClusterState
-from gpudaemon.extender.policies import BinPack, Spread
-from gpudaemon.extender.policies.fragmentation import Fragmentation, Workload
-from gpudaemon.extender.scoring import best_nodes, check_node, to_levels
-from gpudaemon.extender.state import PodShape
 from tests.clock import FakeClock
 from tests.unit.extender.test_cluster import lease_obj, node_obj, pod_obj
 

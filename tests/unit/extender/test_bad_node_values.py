@@ -14,12 +14,12 @@ import pytest
 from loguru import logger
 from prometheus_client import CollectorRegistry
 
-from gpudaemon.extender.cluster import ClusterState
-from gpudaemon.extender.informer import Reflector
-from gpudaemon.extender.metrics import BadDataCollector
-from gpudaemon.extender.scoring import check_node
-from gpudaemon.extender.state import PodShape
+from gpudaemon.cluster.clusterstate import ClusterState
+from gpudaemon.cluster.metrics import BadDataCollector
+from gpudaemon.cluster.scoring import check_node
+from gpudaemon.cluster.state import PodShape
 from gpudaemon.kube.backoff import Backoff
+from gpudaemon.kube.informer import Reflector
 from gpudaemon.status import as_json, as_table, collect
 from tests.unit.extender.test_cluster import lease_obj, node_obj
 from tests.unit.extender.test_informer import ScriptedClient, obj
@@ -219,7 +219,7 @@ class _Client:
 
 
 def test_status_lists_the_others_and_shows_the_poisoned_node_as_no_data() -> None:
-    nodes = [poisoned("bad", "orjson_depth"), node_obj("good", uid="u2")]
+    nodes = [poisoned("bad", "orjson_depth"), node_obj("good", uid="u2", util=[0] * 8)]
     leases = [lease_obj("bad", NOW - 10), lease_obj("good", NOW - 10, owner_uid="u2")]
     rows = collect(_Client(nodes, leases), prefix=P, lease_namespace="x", now=NOW)  # type: ignore[arg-type]
     by = {r.name: r for r in rows}

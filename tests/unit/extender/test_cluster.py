@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpudaemon.extender.cluster import ClusterState
-from gpudaemon.extender.state import PodShape
+from gpudaemon.cluster.clusterstate import ClusterState
+from gpudaemon.cluster.state import PodShape
 from gpudaemon.kube.lease import lease_is_fresh, micro_time
 from tests.clock import FakeClock
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from gpudaemon.config import load_config
-from gpudaemon.extender.policies.fragmentation import (
+from gpudaemon.cluster.policies.fragmentation import (
     Fragmentation,
     TypicalPod,
     Workload,
     make_fragmentation,
 )
-from gpudaemon.extender.state import NodeState, PodShape
+from gpudaemon.cluster.state import NodeState, PodShape
+from gpudaemon.config import load_config
 
 GIB = 2**30
 
@@ -312,7 +312,7 @@ def test_a_reader_never_sees_the_new_version_before_the_new_tables(
     """`scores_version` and the tables are one reference: a request reading the version
     while another thread builds new tables must get the old version (it scores with the
     old tables), or the score memo would keep old-table scores under the new version."""
-    from gpudaemon.extender.policies import fragmentation
+    from gpudaemon.cluster.policies import fragmentation
 
     frag = Fragmentation(Workload(window=4, refresh_every=1))
     frag.observe_pod("a", PodShape(1))

@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpudaemon.cluster.clusterstate import ClusterState
+from gpudaemon.cluster.podspec import GANG_LABEL, pod_gang
+from gpudaemon.cluster.policies import BinPack, Spread
+from gpudaemon.cluster.policies.base import Policy
+from gpudaemon.cluster.policies.fragmentation import Fragmentation, TypicalPod, Workload
+from gpudaemon.cluster.policies.migpack import MigPack
+from gpudaemon.cluster.scoring import Gang, best_nodes, gang_scores, to_levels
+from gpudaemon.cluster.state import NodeState, PodShape
 from gpudaemon.extender.api import ExtenderApi
-from gpudaemon.extender.cluster import ClusterState
-from gpudaemon.extender.podspec import GANG_LABEL, pod_gang
-from gpudaemon.extender.policies import BinPack, Spread
-from gpudaemon.extender.policies.base import Policy
-from gpudaemon.extender.policies.fragmentation import Fragmentation, TypicalPod, Workload
-from gpudaemon.extender.policies.migpack import MigPack
-from gpudaemon.extender.scoring import Gang, best_nodes, gang_scores, to_levels
-from gpudaemon.extender.state import NodeState, PodShape
 from tests.clock import FakeClock
 from tests.unit.extender.test_api import call, make_api
 from tests.unit.extender.test_cluster import lease_obj, node_obj, pod_obj
@@ -99,7 +99,7 @@ def test_filtering_a_gang_pod_again_releases_its_old_placement() -> None:
 
 
 def test_a_pod_marked_unschedulable_after_its_assumption_is_no_longer_counted() -> None:
-    from gpudaemon.extender.app import unschedulable_since
+    from gpudaemon.cluster.selectors import unschedulable_since
     from gpudaemon.kube.lease import micro_time
 
     wall = FakeClock()

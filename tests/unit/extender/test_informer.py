@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from gpudaemon.errors import KubeGoneError, KubeUnavailableError
-from gpudaemon.extender.informer import Reflector
 from gpudaemon.kube.backoff import Backoff
+from gpudaemon.kube.informer import Reflector
 
 
 class ScriptedClient:

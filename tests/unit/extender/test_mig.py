@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from gpudaemon.extender.cluster import ClusterState
-from gpudaemon.extender.podspec import pod_shape
-from gpudaemon.extender.policies.migpack import MigPack
-from gpudaemon.extender.scoring import check_node
-from gpudaemon.extender.state import NodeState, PodShape
+from gpudaemon.cluster.clusterstate import ClusterState
+from gpudaemon.cluster.podspec import pod_shape
+from gpudaemon.cluster.policies.migpack import MigPack
+from gpudaemon.cluster.scoring import check_node
+from gpudaemon.cluster.state import NodeState, PodShape
 from tests.clock import FakeClock
 
 P = "gpudaemon.io/"

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from gpudaemon.extender.podspec import gpu_models, pod_policy, pod_shape, quantity
-from gpudaemon.extender.state import PodShape
+from gpudaemon.cluster.podspec import gpu_models, pod_policy, pod_shape, quantity
+from gpudaemon.cluster.state import PodShape
 
 P = "gpudaemon.io/gpu.product"
 
@@ -160,7 +160,7 @@ def test_policy_annotation() -> None:
 
 
 def test_a_long_policy_annotation_is_cut_so_no_answer_quotes_it_whole() -> None:
-    from gpudaemon.extender.podspec import MAX_POLICY_NAME, POLICY_ANNOTATION, pod_policy
+    from gpudaemon.cluster.podspec import MAX_POLICY_NAME, POLICY_ANNOTATION, pod_policy
 
     pod = {"metadata": {"annotations": {POLICY_ANNOTATION: "x" * 200_000}}}
     got = pod_policy(pod)

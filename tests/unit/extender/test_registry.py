@@ -13,19 +13,19 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpudaemon.config import load_config
-from gpudaemon.extender.api import ExtenderApi
-from gpudaemon.extender.app import Extender, make_policies
-from gpudaemon.extender.cluster import ClusterState
-from gpudaemon.extender.policies import (
+from gpudaemon.cluster.clusterstate import ClusterState
+from gpudaemon.cluster.policies import (
     PolicySpec,
     UnknownPolicyError,
     known_policies,
     register,
     unregister,
 )
-from gpudaemon.extender.policies.base import FreeGpuPolicy, utilization
-from gpudaemon.extender.state import NodeState, PodShape
+from gpudaemon.cluster.policies.base import FreeGpuPolicy, utilization
+from gpudaemon.cluster.state import NodeState, PodShape
+from gpudaemon.config import load_config
+from gpudaemon.extender.api import ExtenderApi
+from gpudaemon.extender.app import Extender, make_policies
 from tests.clock import FakeClock
 from tests.support import run_cli
 from tests.unit.extender.test_api import call, make_api, pod

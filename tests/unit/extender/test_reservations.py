@@ -11,9 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gpudaemon.extender.api import ExtenderApi
-from gpudaemon.extender.pods import PendingPods, PodVerifier
-from gpudaemon.extender.reservations import (
+from gpudaemon.cluster.reservations import (
     MAX_RESERVATIONS,
     LeaseReservations,
     Reservation,
@@ -21,6 +19,8 @@ from gpudaemon.extender.reservations import (
     decode,
     encode,
 )
+from gpudaemon.extender.api import ExtenderApi
+from gpudaemon.extender.pods import PendingPods, PodVerifier
 from gpudaemon.kube.lease import micro_time
 from tests.clock import T0
 from tests.unit.extender.test_api import call, make_api

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpudaemon.extender.policies import BinPack, Spread
-from gpudaemon.extender.scoring import (
+from gpudaemon.cluster.policies import BinPack, Spread
+from gpudaemon.cluster.scoring import (
     GangScore,
     ScoreMemo,
     best,
@@ -15,7 +15,7 @@ from gpudaemon.extender.scoring import (
     check_node,
     to_levels,
 )
-from gpudaemon.extender.state import NodeState, PodShape
+from gpudaemon.cluster.state import NodeState, PodShape
 
 
 def node(

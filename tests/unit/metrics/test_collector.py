@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpudaemon.agent.cache import Cache
+from gpudaemon.agent.metrics.collector import GpuCollector, ReadingAgeCollector
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
-from gpudaemon.cache import Cache
-from gpudaemon.metrics.collector import GpuCollector, ReadingAgeCollector
 from gpudaemon.model import (
     MIB,
     GpuInfo,
@@ -76,6 +76,19 @@ FULL = GpuSample(
     ecc_uncorrected_errors_total=1,
     process_count=2,
     xid_errors_total={79: 1, 13: 2},
+    health_state="degraded",
+    health_action="watch",
+    remapped_rows_correctable=2,
+    remapped_rows_uncorrectable=1,
+    row_remap_pending=True,
+    row_remap_failed=False,
+    recovery_action="gpu_reset",
+    retired_pages_single_bit=3,
+    retired_pages_double_bit=1,
+    retired_pages_pending=False,
+    nvlink_errors_total={0: {"crc_flit": 4, "replay": 1}, 3: {"crc_data": 2}},
+    clock_events_active=frozenset({"hw_slowdown"}),
+    clock_event_seconds_total={"hw_thermal": 1.5, "sw_thermal": 0.25},
 )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpudaemon.app import Agent
+from gpudaemon.agent.app import Agent
 from gpudaemon.backends.simulated import FaultSpec, SimulatedBackend, load_profile
 from gpudaemon.config import Config, load_config
 from gpudaemon.errors import BackendError

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpudaemon.cluster.policies import build_policies
+from gpudaemon.cluster.state import NodeState, PodShape
 from gpudaemon.config import ExtenderConfig
-from gpudaemon.extender.policies import build_policies
-from gpudaemon.extender.state import NodeState, PodShape
+from gpudaemon.rebalancer.fits import PodFit
 from gpudaemon.rebalancer.planner import (
     NodeFacts,
     PodFacts,
@@ -22,6 +23,9 @@ PRODUCT = "gpudaemon.io/gpu.product"
 BINPACK = build_policies(ExtenderConfig())["binpack"]
 
 
+ALLOCATABLE = {"nvidia.com/gpu": 8, "cpu": 64_000, "memory": 256 << 30, "pods": 110}
+
+
 def pod(
     name: str,
     node: str = "",
@@ -31,8 +35,22 @@ def pod(
     owned: bool = True,
     priority: int = 0,
     unschedulable: bool = True,
+    node_selector: dict[str, str] | None = None,
+    tolerations: tuple[dict[str, Any], ...] = (),
+    unjudgeable: str = "",
+    extra: dict[str, int] | None = None,
     **kw: Any,
 ) -> PodFacts:
+    """A pod of `gpus` GPUs, 1 CPU and 1 GiB; `extra`: more resource requests."""
+    requests = {"nvidia.com/gpu": gpus, "cpu": 1000, "memory": 1 << 30, "pods": 1, **(extra or {})}
+    fit = PodFit(
+        requests=requests,
+        node_selector=node_selector or {},
+        tolerations=tolerations,
+        namespace="ml",
+        unjudgeable=unjudgeable,
+        signature=repr((sorted(requests.items()), node_selector, tolerations)),
+    )
     return PodFacts(
         uid=f"uid-{name}",
         namespace="ml",
@@ -43,8 +61,14 @@ def pod(
         owned=owned,
         opted_in=opted_in,
         unschedulable=unschedulable,
+        fit=fit,
         **kw,
     )
+
+
+def nf(name: str, **kw: Any) -> NodeFacts:
+    """A Node's facts: 8 GPUs, 64 CPUs, 256 GiB, 110 pods, unless `allocatable` says."""
+    return NodeFacts(name=name, allocatable=kw.pop("allocatable", ALLOCATABLE), **kw)
 
 
 def state(name: str, used: int, total: int = 8, unhealthy: int = 0) -> NodeState:
@@ -80,7 +104,7 @@ FACTS: dict[str, NodeFacts] = {}
 
 
 def facts(states: dict[str, Any]) -> dict[str, NodeFacts]:
-    return {n: NodeFacts() for n in states}
+    return {n: nf(n) for n in states}
 
 
 # -- drain ------------------------------------------------------------------------------
@@ -169,7 +193,7 @@ def test_only_opted_in_owned_lower_priority_pods_move() -> None:
         {"opted_in": False},
         {"owned": False},
         {"priority": 100},
-        {"other_affinity": True},
+        {"unjudgeable": "it has required podAntiAffinity"},
         {"terminating": True},
     ):
         running = {
@@ -195,8 +219,8 @@ def test_stale_nodes_are_neither_emptied_nor_filled() -> None:
 
 def test_node_selectors_and_taints_bind_the_victims_and_the_pending_pod() -> None:
     states, running = cluster({"n1": 6, "n2": 6, "n3": 6, "n4": 6})
-    tainted = {n: NodeFacts(taints=(("gpu", "reserved", "NoSchedule"),)) for n in states}
-    tainted["n1"] = NodeFacts()
+    tainted = {n: nf(n, taints=(("gpu", "reserved", "NoSchedule"),)) for n in states}
+    tainted["n1"] = nf("n1")
     big = pod("big", gpus=8)
     # Only n1 is open to the pending pod, and its victims cannot go to tainted nodes.
     assert defragment(big, states, fresh(states), tainted, running, BINPACK) is None
@@ -206,7 +230,7 @@ def test_node_selectors_and_taints_bind_the_victims_and_the_pending_pod() -> Non
     }  # fmt: skip
     plan = defragment(big, states, fresh(states), tainted, tolerant, BINPACK)
     assert plan is not None and plan.node == "n1"
-    labelled = {n: NodeFacts(labels={"pool": "a" if n == "n4" else "b"}) for n in states}
+    labelled = {n: nf(n, labels={"pool": "a" if n == "n4" else "b"}) for n in states}
     picky = pod("big", gpus=8, node_selector={"pool": "a"})
     plan = defragment(picky, states, fresh(states), labelled, running, BINPACK)
     assert plan is not None and plan.node == "n4"
@@ -257,8 +281,8 @@ def test_pod_facts_reads_owner_opt_in_priority_and_affinity() -> None:
         {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}  # fmt: skip
     p1 = pod_facts(pod_obj(spec={"affinity": {"nodeAffinity": product_only}}), PRODUCT, never)
     p2 = pod_facts(pod_obj(spec={"affinity": {"nodeAffinity": zone}}), PRODUCT, never)
-    assert p1 is not None and not p1.other_affinity
-    assert p2 is not None and p2.other_affinity
+    assert p1 is not None and p1.fit.node_terms is not None and not p1.cannot_judge
+    assert p2 is not None and p2.fit.node_terms is not None and not p2.cannot_judge
     going = pod_facts(pod_obj(deletionTimestamp="2026-01-01T00:00:00Z"), PRODUCT, never)
     assert going is not None and going.terminating
 

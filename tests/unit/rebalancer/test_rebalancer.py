@@ -41,7 +41,14 @@ def node(name: str, gpus: int = 8, sick: dict[int, list[str]] | None = None) -> 
             },
             "annotations": {P + "gpus": json.dumps(entries)},
         },
-        "status": {"allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "64", "memory": "256Gi"}},
+        "status": {
+            "allocatable": {
+                "nvidia.com/gpu": str(gpus),
+                "cpu": "64",
+                "memory": "256Gi",
+                "pods": "110",
+            }
+        },
     }
 
 

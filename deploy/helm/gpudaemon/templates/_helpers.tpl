@@ -248,5 +248,8 @@ pods it makes room for, the Lease namespace, the label prefix, dry run). */}}
     "listen" (printf "0.0.0.0:%d" (int $r.metricsPort))
     "scheduler_name" .Values.scheduler.name)
 -}}
+{{- if $r.namespaces }}
+{{- $_ := set $managed.rebalance "namespaces" $r.namespaces }}
+{{- end }}
 {{- toYaml (mustMergeOverwrite (deepCopy $r.config) $managed) -}}
 {{- end -}}

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from loguru import logger
 
+from gpudaemon.agent.nodehealth import NodeHealthWriter
+from gpudaemon.agent.nodewatch import NodeWatch, resource_version
 from gpudaemon.errors import KubeError, KubeNotFoundError, SinkError
 from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import FIELD_MANAGER, Credentials, KubeClient
 from gpudaemon.kube.lease import LeaseRenewer, micro_time, renew_cron
-from gpudaemon.kube.nodehealth import NodeHealthWriter
-from gpudaemon.kube.nodewatch import NodeWatch, resource_version
-from gpudaemon.labels import Labels, LabelSet
+from gpudaemon.labels import GpuHealth, Labels, LabelSet
 from gpudaemon.labels.sanitize import DEFAULT_PREFIX
 from gpudaemon.logsetup import LogLimiter
 from gpudaemon.schedule import Job
@@ -28,8 +28,8 @@ from gpudaemon.schedule import Job
 FRESH_SINCE = "fresh-since"
 
 if TYPE_CHECKING:
+    from gpudaemon.agent.metrics.selfmetrics import AgentMetrics
     from gpudaemon.config import KubernetesConfig
-    from gpudaemon.metrics.selfmetrics import AgentMetrics
 
 
 def owned_keys(node: Mapping[str, Any], manager: str = FIELD_MANAGER) -> tuple[set[str], set[str]]:
@@ -73,7 +73,7 @@ class NodeLabelSink:
 
     A Node deleted and re-created under the same name has a new UID, which means "not
     written by us": the labels are applied again and the Lease re-owned at once. The
-    Node watch (`start`, kube/nodewatch.py) sees it within a second, as it sees our
+    Node watch (`start`, agent/nodewatch.py) sees it within a second, as it sees our
     labels, annotation or condition removed; without a live watch the heartbeat's read
     of the Node notices it, within one renewal period. The Lease is renewed only for
     the UID the labels were last written to.
@@ -115,7 +115,7 @@ class NodeLabelSink:
             clock=clock,
         )
         self.health = NodeHealthWriter(client, node, prefix, taint=taint_unhealthy, clock=clock)
-        self._unhealthy: tuple[tuple[int, str], ...] = ()
+        self._unhealthy: tuple[GpuHealth, ...] = ()  # unhealthy and degraded GPUs
         self._gpus = 0
         self.fresh: Callable[[], bool] = lambda: True
         # Called with the Node whenever a reconcile reads it in full (the agent seeds
@@ -182,7 +182,7 @@ class NodeLabelSink:
             raise SinkError("refusing labels that did not pass through sanitize_value")
         with self._lock:
             self._desired = self._with_fresh_since(ls.as_dict())
-            self._unhealthy, self._gpus = ls.unhealthy, ls.gpus
+            self._unhealthy, self._gpus = ls.verdicts, ls.gpus
             wrote = self._reconcile()
             return self._sync_health() or wrote
 

@@ -21,7 +21,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,6 +29,7 @@ from loguru import logger
 
 from gpudaemon.backends.base import is_sticky
 from gpudaemon.errors import UsageError
+from gpudaemon.health import verdict
 from gpudaemon.labels.annotations import bounded_json
 from gpudaemon.logsetup import LogLimiter
 from gpudaemon.model import GpuSample
@@ -179,7 +180,7 @@ class HealthMemory:
                 self.faults[s.uuid] = Fault(s.health_reason, self.boot_id, self.clock())
                 new = True
             elif s.healthy and known is not None:
-                s = replace(s, healthy=False, health_reason=known.reason)
+                s = verdict.apply(s, verdict.remembered(known.reason))
             out.append(s)
         if new:
             self._save()

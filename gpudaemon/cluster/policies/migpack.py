@@ -12,8 +12,8 @@ device plugin's choice, not the scheduler's.
 
 from __future__ import annotations
 
-from gpudaemon.extender.policies.base import FreeGpuPolicy, PolicySpec, register, utilization
-from gpudaemon.extender.state import NodeState, PodShape
+from gpudaemon.cluster.policies.base import FreeGpuPolicy, PolicySpec, register, utilization
+from gpudaemon.cluster.state import NodeState, PodShape
 
 WHOLE = 1000.0  # more than a node's MIG devices (at most 7 per GPU, and 64 GPUs)
 

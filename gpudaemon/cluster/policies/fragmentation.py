@@ -44,8 +44,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpudaemon.extender.policies.base import PolicySpec, register
-from gpudaemon.extender.state import NodeState, PodShape
+from gpudaemon.cluster.policies.base import PolicySpec, register
+from gpudaemon.cluster.state import NodeState, PodShape
 
 NodeKey = tuple[str, int, int, int]  # (gpu model, free GPUs, free CPU milli, free bytes)
 Capacity = tuple[str, int, int, int]  # (gpu model, allocatable GPUs, CPU milli, bytes)

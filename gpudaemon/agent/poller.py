@@ -6,10 +6,11 @@ runs, with the library modules only."""
 
 from __future__ import annotations
 
+from gpudaemon.agent.cache import Cache
+from gpudaemon.agent.healthlog import HealthLog
+from gpudaemon.agent.healthmemory import HealthMemory
 from gpudaemon.backends import Backend
-from gpudaemon.cache import Cache
-from gpudaemon.healthlog import HealthLog
-from gpudaemon.healthmemory import HealthMemory
+from gpudaemon.health.verdict import HealthJudge
 
 
 class Poller:
@@ -20,6 +21,7 @@ class Poller:
         self.cache = cache
         self.health_memory = health_memory
         self.health_log = HealthLog()  # one line when a GPU fault starts, one when it ends
+        self.health_judge = HealthJudge()  # the verdict rows that need history (rates)
 
     def inventory(self) -> None:
         self.cache.put_inventory(self.backend.inventory())
@@ -27,10 +29,15 @@ class Poller:
     def telemetry(self) -> None:
         if self.cache.get().inventory is None:
             self.inventory()
-        samples = self.backend.sample()
+        samples = self.health_judge.apply(self.backend.sample())
         if self.health_memory is not None:  # sticky faults survive a restart
             samples = self.health_memory.apply(samples)
         self.health_log.observe(self.cache.put_samples(samples).samples)
+
+    def health_counters(self) -> None:
+        """The slower health reads (NVLink counters, retired pages, recovery action,
+        clock-event durations): `schedules.health`; the next telemetry poll carries them."""
+        self.backend.health_counters()
 
     def energy(self) -> None:
         """The energy counters, on their own schedule: ~3.9 ms a GPU on an H100, 100x

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gpudaemon.extender.state import PodShape
+from gpudaemon.cluster.state import PodShape
 
 GPU_RESOURCE = "nvidia.com/gpu"
 # The device plugin's mixed MIG strategy: one resource per profile, nvidia.com/mig-<p>.

@@ -9,8 +9,8 @@ nodes whole for the next large pod.
 
 from __future__ import annotations
 
-from gpudaemon.extender.policies.base import FreeGpuPolicy, PolicySpec, register, utilization
-from gpudaemon.extender.state import NodeState, PodShape
+from gpudaemon.cluster.policies.base import FreeGpuPolicy, PolicySpec, register, utilization
+from gpudaemon.cluster.state import NodeState, PodShape
 
 
 class BinPack(FreeGpuPolicy):

@@ -15,9 +15,9 @@ from loguru import logger
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpudaemon.cache import Cache
+from gpudaemon.agent.cache import Cache
+from gpudaemon.agent.metrics.exposition import encode_families
 from gpudaemon.catalogue import CATALOGUE, PREFIX, MigValue, Series
-from gpudaemon.metrics.exposition import encode_families
 from gpudaemon.model import GpuInfo, PodMap, Snapshot
 
 _NO_POD = ("", "", "")
@@ -111,7 +111,8 @@ class GpuCollector(Collector):
                 for s in samples:
                     for label, v in row.gpu(s):
                         fam.add_metric(
-                            [*base[s.index], label] if row.label else base[s.index], float(v)
+                            [*base[s.index], *label.split(",")] if row.label else base[s.index],
+                            float(v),
                         )
             elif row.mig is not None:
                 self._mig(fam, row.mig, snap, inv.gpus, base, pods)

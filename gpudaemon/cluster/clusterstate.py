@@ -28,17 +28,24 @@ from typing import Any, Protocol
 
 from loguru import logger
 
-from gpudaemon.errors import BadValueError
-from gpudaemon.extender.podspec import (
+from gpudaemon.cluster.podspec import (
     GPU_RESOURCE,
     MIG_RESOURCE_PREFIX,
     pod_gang,
     pod_shape,
     quantity,
 )
-from gpudaemon.extender.state import MigCounts, NodeState, PodShape, add_mig
+from gpudaemon.cluster.state import MigCounts, NodeState, PodShape, add_mig
+from gpudaemon.errors import BadValueError
 from gpudaemon.kube.lease import lease_expiry
 from gpudaemon.labels.annotations import count_label, decode_gpus
+from gpudaemon.labels.keys import (
+    GPU_COUNT,
+    GPU_HEALTHY,
+    GPU_PRODUCT,
+    GPU_UNHEALTHY,
+    GPUS_ANNOTATION,
+)
 from gpudaemon.labels.sanitize import DEFAULT_PREFIX
 
 Obj = Mapping[str, Any]
@@ -136,7 +143,7 @@ class ClusterState:
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.prefix = prefix
-        self.product_label = prefix + "gpu.product"
+        self.product_label = prefix + GPU_PRODUCT
         self.assume_ttl_s = assume_ttl_s
         # A gang's pods wait at Coscheduling's Permit, unbound, until the whole gang has
         # nodes (up to its scheduleTimeoutSeconds): their GPUs stay counted that long.
@@ -242,17 +249,19 @@ class ClusterState:
         labels = meta.get("labels") or {}
         alloc = (obj.get("status") or {}).get("allocatable") or {}
         p = self.prefix
-        has_agent = (p + "gpu.count") in labels
+        has_agent = (p + GPU_COUNT) in labels
         count = healthy = unhealthy = 0
         utilization = None
         if agent and has_agent:
-            count = count_label(labels[p + "gpu.count"], "gpu.count")
-            healthy = _count(labels, p + "gpu.healthy", count)
+            count = count_label(labels[p + GPU_COUNT], GPU_COUNT)
+            healthy = _count(labels, p + GPU_HEALTHY, count)
             # `gpu.unhealthy` counts physical GPUs; under the single MIG strategy
             # `gpu.count` counts MIG devices, so count - healthy would be wrong there.
-            unhealthy = _count(labels, p + "gpu.unhealthy", max(0, count - healthy))
+            unhealthy = _count(labels, p + GPU_UNHEALTHY, max(0, count - healthy))
         if agent:
-            utilization = _mean_utilization((meta.get("annotations") or {}).get(p + "gpus"))
+            utilization = _mean_utilization(
+                (meta.get("annotations") or {}).get(p + GPUS_ANNOTATION)
+            )
         mig = tuple(
             sorted(
                 (k.removeprefix(MIG_RESOURCE_PREFIX), n)
@@ -283,7 +292,7 @@ class ClusterState:
         the same one sent again (no repr: that could recurse)."""
         labels, ann = meta.get("labels") or {}, meta.get("annotations") or {}
         p = self.prefix
-        values = [labels.get(p + k) for k in _COUNT_LABELS] + [ann.get(p + "gpus")]
+        values = [labels.get(p + k) for k in _COUNT_LABELS] + [ann.get(p + GPUS_ANNOTATION)]
         return hash(tuple(v if isinstance(v, str) else type(v).__name__ for v in values))
 
     def _note_bad(self, name: str, key: str, value_id: int | None, reason: str) -> None:
@@ -569,7 +578,7 @@ def _q(v: object) -> float:
     return q if 0.0 <= q <= _MAX_QUANTITY else 0.0
 
 
-_COUNT_LABELS = ("gpu.count", "gpu.healthy", "gpu.unhealthy")
+_COUNT_LABELS = (GPU_COUNT, GPU_HEALTHY, GPU_UNHEALTHY)
 
 
 def _count(labels: Obj, key: str, default: int) -> int:

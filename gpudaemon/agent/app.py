@@ -13,19 +13,24 @@ from typing import Any, Protocol
 from loguru import logger
 from prometheus_client import CollectorRegistry
 
+from gpudaemon.agent.cache import Cache
+from gpudaemon.agent.healthmemory import (
+    DEFAULT_STATE_FILE,
+    AnnotationStore,
+    FileStore,
+    HealthMemory,
+)
+from gpudaemon.agent.metrics.collector import GpuCollector, ReadingAgeCollector
+from gpudaemon.agent.metrics.http import HttpServer, make_app
+from gpudaemon.agent.metrics.selfmetrics import AgentMetrics
+from gpudaemon.agent.poller import Poller
 from gpudaemon.backends import Backend, make_backend
-from gpudaemon.cache import Cache
 from gpudaemon.config import Config
 from gpudaemon.errors import GpudaemonError, NvmlUnavailableError
-from gpudaemon.healthmemory import DEFAULT_STATE_FILE, AnnotationStore, FileStore, HealthMemory
 from gpudaemon.labels import LabelSet, NodeLabeler
 from gpudaemon.labels.outputs import FileSink, NfdSink, NullSink, StdoutSink
-from gpudaemon.metrics.collector import GpuCollector, ReadingAgeCollector
-from gpudaemon.metrics.http import HttpServer, make_app
-from gpudaemon.metrics.selfmetrics import AgentMetrics
 from gpudaemon.model import PodMap
 from gpudaemon.podresources import PodAttribution
-from gpudaemon.poller import Poller
 from gpudaemon.schedule import CronScheduler, Job, JobRunner
 
 
@@ -69,8 +74,8 @@ def make_label_sink(cfg: Config, metrics: AgentMetrics) -> LabelSink:
     if to == "none":
         return NullSink()
     if to == "apiserver":
+        from gpudaemon.agent.nodelabels import NodeLabelSink
         from gpudaemon.kube.client import find_credentials
-        from gpudaemon.kube.nodelabels import NodeLabelSink
 
         k = cfg.kubernetes
         creds = find_credentials(k.kubeconfig, bool(k.in_cluster))
@@ -180,6 +185,8 @@ class Agent:
         ]
         if s.energy != "none":
             table.append(Job("energy", s.energy, self.poller.energy))
+        if s.health != "none":
+            table.append(Job("health", s.health, self.poller.health_counters))
         if self.pod_attribution is not None:
             table.append(Job("pods", s.pods, self.pod_attribution.refresh))
         if self.history is not None:
@@ -233,7 +240,7 @@ class Agent:
         """One full cycle, in data order. True when every step succeeded. The Lease
         too: a cycle's labels are only worth something to a scheduler while a Lease
         vouches for them (it expires on its own afterwards)."""
-        order = ("inventory", "telemetry", "energy", "labels", "history", "lease")
+        order = ("inventory", "health", "telemetry", "energy", "labels", "history", "lease")
         return all([self.run_job(name) for name in order])
 
     # -- readiness ---------------------------------------------------------------
@@ -281,6 +288,7 @@ class Agent:
         self.read_back_faults()
         # First readings straight away (check_backend already took the inventory), so
         # /readyz and the labels don't wait a period.
+        self.run_job("health")
         self.poll_telemetry()
         self.run_job("energy")
         self.reconcile_labels()

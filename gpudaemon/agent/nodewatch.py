@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from gpudaemon.errors import KubeError, KubeGoneError
-from gpudaemon.extender.informer import Obj, Reflector
 from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import KubeClient
+from gpudaemon.kube.informer import Obj, Reflector
 
 # Between one and two times this (the Reflector's jitter): one request per 5-10 min.
 WATCH_TIMEOUT_S = 300.0

@@ -2,6 +2,14 @@
 `GPUHealthy` (node-problem-detector style) and, opt-in, the taint
 `<prefix>gpu-unhealthy:NoSchedule`. Both are written only when they change.
 
+The condition follows the verdict (health/verdict.py): False (`GPUUnhealthy`) while any
+GPU is unhealthy; True while the GPUs are schedulable, `AllGPUsHealthy` or, with a GPU
+degraded, `GPUDegraded` (degraded GPUs are schedulable, so the node is not marked
+unhealthy for them). The message names each GPU's state, reason and action. Degraded
+does not flap: the verdict holds it (a clock event 5 minutes after the last poll that
+saw it, NVLink errors 10 minutes, growing remaps an hour), and only a change of the
+condition is written. The taint is for unhealthy GPUs only.
+
 Lists that server-side apply would take over whole are patched entry by entry: the
 condition by a strategic-merge patch of the status (conditions merge by type), the
 taint by a JSON patch guarded by the Node's resourceVersion, so another writer's
@@ -16,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpudaemon.kube.lease import micro_time
+from gpudaemon.labels import GpuHealth
 
 CONDITION_TYPE = "GPUHealthy"
 TAINT_SUFFIX = "gpu-unhealthy"
@@ -38,15 +47,52 @@ class Condition:
     message: str
 
 
-def condition_for(unhealthy: Sequence[tuple[int, str]], gpus: int) -> Condition:
-    """The condition for the node's unhealthy GPUs, as (index, reason) pairs."""
-    if not unhealthy:
-        return Condition("True", "AllGPUsHealthy", f"all {gpus} GPU(s) healthy")
-    parts = "; ".join(f"GPU {i}: {why}" for i, why in sorted(unhealthy))
-    message = f"{len(unhealthy)} of {gpus} GPU(s) unhealthy: {parts}"
+# The condition's reasons: fixed words that tools match on; the message has the detail.
+HEALTHY_REASON = "AllGPUsHealthy"
+DEGRADED_REASON = "GPUDegraded"
+UNHEALTHY_REASON = "GPUUnhealthy"
+
+# What the GPUs' verdicts are, one entry per unhealthy or degraded GPU; a bare
+# (index, reason) pair is an unhealthy GPU whose action is not known.
+Verdicts = Sequence[GpuHealth | tuple[int, str]]
+
+
+def _entries(verdicts: Verdicts) -> list[GpuHealth]:
+    return sorted(v if isinstance(v, GpuHealth) else GpuHealth(*v) for v in verdicts)
+
+
+def _describe(g: GpuHealth) -> str:
+    """`GPU 3: row remap pending (unhealthy, action reset_gpu)`: it starts as the message
+    did before the verdict (`GPU 3: xid 79`), so what matched that still matches."""
+    action = f", action {g.action}" if g.action else ""
+    return f"GPU {g.index}: {g.reason} ({g.state}{action})"
+
+
+def _unhealthy(verdicts: Verdicts) -> bool:
+    return any(g.state == "unhealthy" for g in _entries(verdicts))
+
+
+def condition_for(verdicts: Verdicts, gpus: int) -> Condition:
+    """The condition for the node's unhealthy and degraded GPUs."""
+    entries = _entries(verdicts)
+    bad = [g for g in entries if g.state == "unhealthy"]
+    degraded = [g for g in entries if g.state != "unhealthy"]
+    if not entries:
+        return Condition("True", HEALTHY_REASON, f"all {gpus} GPU(s) healthy")
+    parts = []
+    if bad:
+        parts.append(f"{len(bad)} of {gpus} GPU(s) unhealthy: " + "; ".join(map(_describe, bad)))
+    if degraded:
+        parts.append(
+            f"{len(degraded)} of {gpus} GPU(s) degraded (schedulable, watched): "
+            + "; ".join(map(_describe, degraded))
+        )
+    message = ". ".join(parts)
     if len(message) > _MAX_MESSAGE:
         message = message[: _MAX_MESSAGE - 3] + "..."
-    return Condition("False", "GPUUnhealthy", message)
+    if bad:
+        return Condition("False", UNHEALTHY_REASON, message)
+    return Condition("True", DEGRADED_REASON, message)
 
 
 def current_condition(node: Mapping[str, Any]) -> Condition | None:
@@ -98,14 +144,14 @@ class NodeHealthWriter:
         """The Node as just read by the label reconcile: no second read needed."""
         self._written = (current_condition(node), has_taint(node, self.taint_key))
 
-    def pending(self, unhealthy: Sequence[tuple[int, str]], gpus: int) -> bool:
-        want = (condition_for(unhealthy, gpus), self.taint and bool(unhealthy))
+    def pending(self, verdicts: Verdicts, gpus: int) -> bool:
+        want = (condition_for(verdicts, gpus), self.taint and _unhealthy(verdicts))
         return self._written != want
 
-    def sync(self, unhealthy: Sequence[tuple[int, str]], gpus: int) -> bool:
+    def sync(self, verdicts: Verdicts, gpus: int) -> bool:
         """Write what changed; True if anything was written. Raises KubeError."""
-        cond = condition_for(unhealthy, gpus)
-        tainted = self.taint and bool(unhealthy)
+        cond = condition_for(verdicts, gpus)
+        tainted = self.taint and _unhealthy(verdicts)
         if self._written == (cond, tainted):
             return False
         wrote = False

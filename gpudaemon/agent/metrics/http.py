@@ -14,8 +14,8 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
 
 from gpudaemon import httpserver
+from gpudaemon.agent.metrics.collector import GpuCollector
 from gpudaemon.httpserver import Readiness, StartResponse, probe_response, text_response
-from gpudaemon.metrics.collector import GpuCollector
 
 
 def make_app(

@@ -8,8 +8,8 @@ resources; ties go to the less busy node.
 
 from __future__ import annotations
 
-from gpudaemon.extender.policies.base import FreeGpuPolicy, PolicySpec, register, utilization
-from gpudaemon.extender.state import NodeState, PodShape
+from gpudaemon.cluster.policies.base import FreeGpuPolicy, PolicySpec, register, utilization
+from gpudaemon.cluster.state import NodeState, PodShape
 
 
 class Spread(FreeGpuPolicy):

@@ -1,7 +1,7 @@
 """The policy interface and the registry every policy adds itself to.
 
 As in kube-scheduler's framework registry: a policy is one module under
-`extender/policies/` that calls `register(PolicySpec(...))` with its name, a factory
+`cluster/policies/` that calls `register(PolicySpec(...))` with its name, a factory
 from the `extender:` config section, a one-line summary (the docs table reads it) and
 the config keys it reads. Config validation, the `gpudaemon.io/policy` annotation and
 the docs all read the registry, so adding a policy is one new file plus its tests.
@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpudaemon.cluster.state import NodeState, PodShape
 from gpudaemon.errors import ConfigError
-from gpudaemon.extender.state import NodeState, PodShape
 
 
 class Policy(Protocol):

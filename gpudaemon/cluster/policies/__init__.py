@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from gpudaemon.extender.policies.base import (
+from gpudaemon.cluster.policies.base import (
     Policy,
     PolicySpec,
     UnknownPolicyError,
@@ -25,8 +25,8 @@ for _mod in pkgutil.iter_modules(__path__):
     if _mod.name != "base":
         importlib.import_module(f"{__name__}.{_mod.name}")
 
-from gpudaemon.extender.policies.binpack import BinPack  # noqa: E402
-from gpudaemon.extender.policies.spread import Spread  # noqa: E402
+from gpudaemon.cluster.policies.binpack import BinPack  # noqa: E402
+from gpudaemon.cluster.policies.spread import Spread  # noqa: E402
 
 __all__ = [
     "BinPack",

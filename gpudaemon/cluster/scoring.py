@@ -10,8 +10,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from gpudaemon.extender.policies.base import Policy
-from gpudaemon.extender.state import NodeState, PodShape
+from gpudaemon.cluster.policies.base import Policy
+from gpudaemon.cluster.state import NodeState, PodShape
 
 MAX_SCORE = 10  # the extender API's MaxExtenderPriority
 
