@@ -152,8 +152,8 @@ def rebalancer(nodes: list[dict[str, Any]], running: list[dict[str, Any]],
         {"node_name": "bench", "rebalance": {"dry_run": True}, "extender": {"policy": policy}}
     )
     rb = Rebalancer(cfg, "bench", client=FakeKube(), registry=CollectorRegistry())  # type: ignore[arg-type]
-    rb._nodes_replace(nodes)
-    rb._pods_replace(running)
+    rb.cluster.replace_nodes(nodes)
+    rb.cluster.replace_pods(running)
     rb._pending_replace(waiting)
     rb.cluster.replace_leases([lease_obj(o["metadata"]["name"], o["metadata"]["uid"])
                                for o in nodes])  # fmt: skip
@@ -164,8 +164,7 @@ def rebalancer(nodes: list[dict[str, Any]], running: list[dict[str, Any]],
 def planner_inputs(rb: Rebalancer, pending: PodFacts) -> tuple[Any, ...]:
     """defragment's arguments for `pending`, from the rebalancer's caches, as a pass
     takes them."""
-    with rb._lock:
-        nodes, running = dict(rb.nodes), dict(rb.running)
+    nodes, _, running = rb.facts()
     snap = rb.cluster.snapshot(list(nodes))
     by_node: dict[str, list[PodFacts]] = {}
     for p in running.values():
@@ -232,7 +231,7 @@ def main() -> int:
             rb = fleet(n, a.pending, pinned)
 
             def one_pass(rb: Rebalancer = rb) -> float:
-                rb._made_room_for.clear()
+                rb.passes.made_room_for.clear()
                 rb.run_pass()
                 return rb.metrics.evictions.labels("defrag", "planned")._value.get()
 

@@ -169,6 +169,60 @@ def _health_action(s: GpuSample) -> Iterable[tuple[str, Number]]:
     return [(a, 1 if a == s.health_action else 0) for a in ACTIONS]
 
 
+def _gpm(attr: str) -> GpuValues:
+    """A GPM ratio: absent on a GPU without GPM and on the first poll (never 0)."""
+
+    def read(s: GpuSample) -> Iterable[tuple[str, Number]]:
+        v = getattr(s.gpm, attr) if s.gpm is not None else None
+        return () if v is None else (("", v),)
+
+    return read
+
+
+def _gpm_bytes(attr: str) -> GpuValues:
+    def read(s: GpuSample) -> Iterable[tuple[str, Number]]:
+        return sorted(getattr(s.gpm, attr).items()) if s.gpm is not None else []
+
+    return read
+
+
+def _mig_gpm(attr: str) -> MigValue:
+    def read(d: MigDevice, m: MigSample | None) -> Number | None:
+        return getattr(m.gpm, attr) if m is not None and m.gpm is not None else None
+
+    return read
+
+
+# GPM (Hopper+; backends/gpm.py): what each ratio means, as DCGM's profiling fields.
+_GPM_RATIOS = (
+    (
+        "sm_active_ratio",
+        "Fraction of time at least one warp was active on an SM, averaged "
+        "over all SMs (GPM SM_UTIL; DCGM_FI_PROF_SM_ACTIVE).",
+    ),
+    (
+        "sm_occupancy_ratio",
+        "Warps resident on the SMs over the most they can hold "
+        "(GPM SM_OCCUPANCY; DCGM_FI_PROF_SM_OCCUPANCY).",
+    ),
+    (
+        "tensor_active_ratio",
+        "Fraction of time the tensor cores (any of HMMA, IMMA, DMMA) "
+        "were busy (GPM ANY_TENSOR_UTIL; DCGM_FI_PROF_PIPE_TENSOR_ACTIVE).",
+    ),
+    (
+        "dram_active_ratio",
+        "Device memory bandwidth used over its peak (GPM DRAM_BW_UTIL; DCGM_FI_PROF_DRAM_ACTIVE).",
+    ),
+    (
+        "fp64_active_ratio",
+        "Fraction of time the FP64 (non-tensor) pipes were busy "
+        "(GPM FP64_UTIL; DCGM_FI_PROF_PIPE_FP64_ACTIVE).",
+    ),
+)
+_GPM_NOTE = " Hopper+ (GPM), over the last poll interval; absent without GPM."
+
+
 def _info(inv: NodeInventory, g: GpuInfo) -> tuple[str, ...]:
     cuda = ".".join(map(str, inv.cuda_driver_version)) if inv.cuda_driver_version else ""
     return (
@@ -378,6 +432,50 @@ CATALOGUE: tuple[Series, ...] = (
         label="reason",
         gpu=_clock_seconds,
         influx_field="clock_event_{}_seconds_total",
+    ),
+    *(
+        Series(
+            "gpu_" + name,
+            "gauge",
+            help_ + _GPM_NOTE,
+            "gpu",
+            gpu=_gpm(name),
+            influx_field=name,
+        )
+        for name, help_ in _GPM_RATIOS
+    ),
+    Series(
+        "gpu_nvlink_bytes_total",
+        "counter",
+        "Bytes over all NVLink links since the agent started reading, by direction (tx, "
+        "rx): GPM's MiB/s integrated over each poll interval." + _GPM_NOTE,
+        "gpu",
+        label="direction",
+        gpu=_gpm_bytes("nvlink_bytes_total"),
+        influx_field="nvlink_{}_bytes_total",
+        influx_type=int,
+    ),
+    Series(
+        "gpu_pcie_bytes_total",
+        "counter",
+        "Bytes over PCIe since the agent started reading, by direction (tx, rx): GPM's "
+        "MiB/s integrated over each poll interval." + _GPM_NOTE,
+        "gpu",
+        label="direction",
+        gpu=_gpm_bytes("pcie_bytes_total"),
+        influx_field="pcie_{}_bytes_total",
+        influx_type=int,
+    ),
+    *(
+        Series(
+            "mig_" + name,
+            "gauge",
+            "Of the MIG device's GPU instance: " + help_ + _GPM_NOTE,
+            "mig",
+            mig=_mig_gpm(name),
+            influx_field=name,
+        )
+        for name, help_ in _GPM_RATIOS
     ),
     Series(
         "mig_memory_used_bytes",

@@ -1,6 +1,6 @@
-"""The command line: run, probe, extender, rebalance, status, version. Bad input is one line on
-stderr and exit 2. Installed as `kubectl-gpudaemon` too, so `kubectl gpudaemon status`
-works."""
+"""The command line: run, probe, extender, rebalance, status, check-config, version. Bad
+input is one line on stderr and exit 2. Installed as `kubectl-gpudaemon` too, so
+`kubectl gpudaemon status` works."""
 
 from __future__ import annotations
 
@@ -11,12 +11,19 @@ import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from gpudaemon import __version__
 from gpudaemon.errors import GpudaemonError, UsageError
 
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
 EXIT_USAGE = 2
+# The programs and their models (gpudaemon.config.PROGRAMS; named here so that --help
+# does not import the configuration).
+PROGRAMS = ("agent", "extender", "rebalancer", "status")
+M = TypeVar("M", bound="BaseModel")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -119,6 +126,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--pool-label", default="", help="node-pool label (default: GKE, EKS, AKS, Karpenter)"
     )
 
+    cc = sub.add_parser(
+        "check-config",
+        help="validate a configuration file as the programs do: 0 when valid, 2 naming the key",
+    )
+    cc.add_argument("--config", metavar="FILE", help="YAML configuration file (and GPUDAEMON_*)")
+    cc.add_argument(
+        "--program",
+        choices=[*PROGRAMS, "all"],
+        default="all",
+        help="validate as this program does (default: all, each in turn, as a shared file "
+        "is read by each)",
+    )
+    cc.add_argument(
+        "--files",
+        action="store_true",
+        help="also check the files it names (InfluxDB token, kubeconfig), as each program's "
+        "start does; off by default: they exist where the program runs",
+    )
+
     sub.add_parser("version", help="print the version")
     return p
 
@@ -136,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _rebalance(args)
         if args.command == "status":
             return _status(args)
+        if args.command == "check-config":
+            return _check_config(args)
         if args.command == "version":
             print(f"gpudaemon {__version__}")
             return 0
@@ -201,12 +229,22 @@ def _overrides(args: argparse.Namespace, flags: Flags = _RUN_FLAGS) -> dict[str,
     return o
 
 
+def _load(model: type[M], args: argparse.Namespace, overrides: dict[str, Any]) -> M:
+    """The program's model from --config, the environment and its flags, then the files
+    it names (config/files.py): a bad one is one line and exit 2 here, at the start."""
+    from gpudaemon.config import check_files, load_settings
+
+    cfg = load_settings(model, args.config, overrides=overrides)
+    check_files(cfg)
+    return cfg
+
+
 def _run(args: argparse.Namespace) -> int:
     from gpudaemon.agent.app import Agent
-    from gpudaemon.config import load_config
+    from gpudaemon.config import AgentSettings
     from gpudaemon.logsetup import setup_logging
 
-    cfg = load_config(args.config, overrides=_overrides(args))
+    cfg = _load(AgentSettings, args, _overrides(args))
     setup_logging(cfg.logging.level, cfg.logging.json_)
     agent = Agent(cfg)
     if not args.once:
@@ -216,13 +254,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _extender(args: argparse.Namespace) -> int:
-    from gpudaemon.config import load_config
+    from gpudaemon.config import ExtenderSettings
     from gpudaemon.extender.app import Extender
     from gpudaemon.logsetup import setup_logging
 
-    cfg = load_config(
-        args.config, overrides=_overrides(args, _EXTENDER_FLAGS), node_name_used=False
-    )
+    cfg = _load(ExtenderSettings, args, _overrides(args, _EXTENDER_FLAGS))
     setup_logging(cfg.logging.level, cfg.logging.json_)
     ext = Extender(cfg)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -231,14 +267,14 @@ def _extender(args: argparse.Namespace) -> int:
 
 
 def _rebalance(args: argparse.Namespace) -> int:
-    from gpudaemon.config import load_config
+    from gpudaemon.config import RebalancerSettings
     from gpudaemon.logsetup import setup_logging
     from gpudaemon.rebalancer.app import Rebalancer
 
     overrides = _overrides(args, _REBALANCE_FLAGS)
     if args.apply or args.dry_run:
         overrides.setdefault("rebalance", {})["dry_run"] = bool(args.dry_run)
-    cfg = load_config(args.config, overrides=overrides, node_name_used=False)
+    cfg = _load(RebalancerSettings, args, overrides)
     setup_logging(cfg.logging.level, cfg.logging.json_)
     rb = Rebalancer(cfg, cfg.kubernetes.leader_identity)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -250,7 +286,7 @@ def _probe(args: argparse.Namespace) -> int:
     from gpudaemon.agent.cache import Cache
     from gpudaemon.agent.poller import Poller
     from gpudaemon.backends import make_backend
-    from gpudaemon.config import load_config
+    from gpudaemon.config import AgentSettings, load_settings
     from gpudaemon.labels import NodeLabeler
     from gpudaemon.labels.sanitize import validate_prefix
     from gpudaemon.logsetup import setup_logging
@@ -261,7 +297,8 @@ def _probe(args: argparse.Namespace) -> int:
             validate_prefix(args.prefix)
         except ValueError as e:
             raise UsageError(f"--prefix: {e}") from None
-    cfg = load_config(args.config, overrides=_overrides(args, _PROBE_FLAGS))
+    # The agent's model; probe reads no token and no kubeconfig, so no file checks.
+    cfg = load_settings(AgentSettings, args.config, overrides=_overrides(args, _PROBE_FLAGS))
     backend = make_backend(cfg.simulate, seed=cfg.simulate_seed)
     try:
         cache = Cache()
@@ -335,7 +372,7 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from gpudaemon.config import load_config
+    from gpudaemon.config import StatusSettings
     from gpudaemon.kube.client import KubeClient, find_credentials
     from gpudaemon.labels.sanitize import validate_prefix
     from gpudaemon.logsetup import setup_logging
@@ -357,7 +394,7 @@ def _status(args: argparse.Namespace) -> int:
             f"-n/--namespace: {args.namespace[:100]!r} is not a namespace name "
             "(lower-case letters, digits and '-', at most 63)"
         )
-    cfg = load_config(args.config, overrides=_overrides(args, _STATUS_FLAGS), node_name_used=False)
+    cfg = _load(StatusSettings, args, _overrides(args, _STATUS_FLAGS))
     k = cfg.kubernetes
     creds = find_credentials(k.kubeconfig, bool(k.in_cluster))
     if creds is None:
@@ -381,4 +418,25 @@ def _status(args: argparse.Namespace) -> int:
     print(as_json(rows) if args.output == "json" else as_table(rows), end="")
     if args.output == "json":
         print()
+    return 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    """Each chosen program's model, as its command loads it (the same file, the same
+    GPUDAEMON_* variables and environment defaults; no flags): the first failure is
+    one line naming the program and the key, exit 2."""
+    from gpudaemon.config import PROGRAMS as MODELS
+    from gpudaemon.config import check_files, load_settings
+    from gpudaemon.errors import ConfigError
+
+    names = list(PROGRAMS) if args.program == "all" else [args.program]
+    for name in names:
+        try:
+            cfg = load_settings(MODELS[name], args.config)
+            if args.files:
+                check_files(cfg)
+        except UsageError as e:
+            raise ConfigError(f"{name}: {e}") from None
+    where = args.config or "the environment (no --config)"
+    print(f"{where}: valid for {', '.join(names)}")
     return 0

@@ -68,10 +68,28 @@ class NodeInventory:
 
 
 @dataclass(frozen=True)
+class GpmReading:
+    """GPU Performance Monitoring (Hopper+) over the interval between two telemetry polls:
+    activity ratios 0..1 (GPM's percentages / 100) and byte counters the backend
+    integrates from GPM's MiB/s rates. None / empty: not supported by this GPU."""
+
+    sm_active_ratio: float | None = None
+    sm_occupancy_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+    dram_active_ratio: float | None = None
+    fp64_active_ratio: float | None = None
+    # direction ("tx", "rx") -> bytes since the agent started reading (monotonic).
+    nvlink_bytes_total: Mapping[str, int] = field(default_factory=dict)
+    pcie_bytes_total: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class MigSample:
     uuid: str
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None
+    # GPM of the MIG device's GPU instance (nvmlGpmMigSampleGet); None: no GPM.
+    gpm: GpmReading | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +138,8 @@ class GpuSample:
     # hw_power_brake) active now; None: not readable. Seconds spent in each so far.
     clock_events_active: frozenset[str] | None = None
     clock_event_seconds_total: Mapping[str, float] = field(default_factory=dict)
+    # GPM (issue 33): None on a GPU without GPM, and on the first poll (no pair yet).
+    gpm: GpmReading | None = None
 
     def __post_init__(self) -> None:
         # `healthy=False` alone (a caller from before the verdict) means unhealthy.

@@ -5,7 +5,7 @@ neither can drift.
                              deploy/helm/gpudaemon/values.schema.json
   scripts/gen-docs --check   write nothing; exit 1 naming the files that differ
 
-- configuration.md: every key of the config model (gpudaemon/config.py), its type,
+- configuration.md: every key of the config model (gpudaemon/config/), its type,
   default, limits and environment variable, and the comment beside it in the code.
 - metrics.md: every series of the catalogue (gpudaemon/catalogue.py) with its labels and
   InfluxDB field, then every other family the agent and the extender really register
@@ -47,7 +47,17 @@ PROFILES = ("dgx-h100", "a100-mig", "mixed")
 
 
 def _comments(cls: type) -> dict[str, str]:
-    """Field name -> the comment lines just above it and the comment at its line's end."""
+    """Field name -> the comment lines just above it and the comment at its line's end,
+    from the class and the classes it inherits fields from (Config's top-level keys
+    are the agent's NodeFields)."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if issubclass(klass, BaseModel) and klass is not BaseModel:
+            out.update(_own_comments(klass))
+    return out
+
+
+def _own_comments(cls: type) -> dict[str, str]:
     try:
         src = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):
@@ -113,6 +123,8 @@ def _default(f: FieldInfo) -> str:
         d = d.get_secret_value()
     if isinstance(d, BaseModel):
         return ""
+    if isinstance(d, list):  # a list of sections (extender.plugins.score)
+        d = [x.model_dump() if isinstance(x, BaseModel) else x for x in d]
     return f"`{json.dumps(d)}`"
 
 
@@ -131,22 +143,38 @@ def config_rows(
 
 
 def configuration() -> str:
-    from gpudaemon.config import ENV_PREFIX, Config
+    from gpudaemon.config import ENV_PREFIX, PROGRAMS, Config
 
     out = [
         "# Configuration reference\n",
-        "Every key of the configuration model, in the order of `gpudaemon/config.py`. Set a",
-        "key in the YAML file (`--config`), or with the environment variable beside it",
-        "(nested keys joined by `__`), or for some with a flag. Explanations and examples:",
+        "Every key of the configuration file (`Config` in `gpudaemon/config/`), in its order.",
+        "Set a key in the YAML file (`--config`), or with the environment variable beside it",
+        "(nested keys joined by `__`), or for some with a flag. Each program validates the",
+        "keys it uses (the programs column) and checks only the names of the others.",
+        "Explanations and examples:",
         "[../configuration.md](../configuration.md).\n",
-        "| key | type | default | limits | environment variable | notes (from the code) |",
-        "|---|---|---|---|---|---|",
+        "| key | type | default | limits | environment variable | programs"
+        " | notes (from the code) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for key, tp, default, limits, note in config_rows(Config):
         env = ENV_PREFIX + key.upper().replace(".", "__")
         note = note.replace("|", "\\|")
-        out.append(f"| `{key}` | {tp} | {default} | {limits} | `{env}` | {note} |")
-    return HEADER.format(src="gpudaemon/config.py") + "\n".join(out) + "\n"
+        used = ", ".join(name for name, model in PROGRAMS.items() if _has_key(model, key))
+        out.append(f"| `{key}` | {tp} | {default} | {limits} | `{env}` | {used} | {note} |")
+    return HEADER.format(src="gpudaemon/config/") + "\n".join(out) + "\n"
+
+
+def _has_key(model: type[BaseModel], key: str) -> bool:
+    """Whether `model` (a program's) validates the dotted `key`."""
+    head, _, rest = key.partition(".")
+    fields = {f.alias or n: f.annotation for n, f in model.model_fields.items()}
+    if head not in fields:
+        return False
+    tp = fields[head]
+    if rest and isinstance(tp, type) and issubclass(tp, BaseModel):
+        return _has_key(tp, rest)
+    return True
 
 
 # -- metrics -----------------------------------------------------------------------------
@@ -351,6 +379,12 @@ def values_schema() -> str:
     defs = model.pop("$defs")
     # config.py does not import the extender; the schema takes the names from its registry
     defs["ExtenderConfig"]["properties"]["policy"]["enum"] = known_policies()
+    from gpudaemon.extender.plugins import known_plugins
+
+    plugins = defs["PluginsConfig"]["properties"]
+    plugins["filter"]["items"]["enum"] = known_plugins("filter")
+    plugins["reserve"]["items"]["enum"] = known_plugins("reserve")
+    defs["ScorePluginConfig"]["properties"]["name"]["enum"] = known_plugins("score")
     config_ref = {
         "$ref": "#/$defs/GpudaemonConfig",
         "description": "gpudaemon config (docs/reference/configuration.md); the chart's keys win",
@@ -455,7 +489,14 @@ def values_schema() -> str:
                     "labels": STRMAP,
                 }
             ),
-            "prometheusRule": obj({"enabled": B, "force": B, "labels": STRMAP}),
+            "prometheusRule": obj(
+                {
+                    "enabled": B,
+                    "force": B,
+                    "labels": STRMAP,
+                    "optional": obj({"idleButAllocated": B}),
+                }
+            ),
             "dashboards": obj(
                 {
                     "enabled": B,
@@ -638,11 +679,45 @@ def policies() -> str:
     )
 
 
+def plugins() -> str:
+    """docs/reference/plugins.md: the extender's filter, score and reserve plug-ins, from
+    the registry (a new plug-in file appears here with no edit of the docs)."""
+    from gpudaemon.cluster.policies import policy_spec
+    from gpudaemon.config import PluginsConfig
+    from gpudaemon.extender.plugins import KINDS, known_plugins, plugin_spec
+
+    default = PluginsConfig()
+    on = {
+        "filter": default.filter,
+        "score": [s.name for s in default.score],
+        "reserve": default.reserve,
+    }
+    rows = []
+    for kind in KINDS:
+        for name in known_plugins(kind):
+            spec = plugin_spec(kind, name)
+            summary = spec.summary
+            if spec.summary == "a policy":
+                summary = f"policy `{name}` for every pod: {policy_spec(name).summary}"
+            where = f"{on[kind].index(name) + 1}" if name in on[kind] else "-"
+            rows.append(f"| {kind} | `{name}` | {where} | {summary} |")
+    return (
+        "<!-- generated by scripts/gen-docs from gpudaemon/extender/plugins/: do not edit -->\n"
+        "# Extender plug-ins\n\n"
+        "Enabled by name, in order, in `extender.plugins` (score plug-ins with a weight); "
+        "an unknown name is an error at start-up, one line naming the known ones (exit 2). "
+        "`default` is the plug-in's place in the default configuration (`-`: off). "
+        "How they combine and how to add one: docs/scheduler.md.\n\n"
+        "| kind | plug-in | default | what it does |\n|---|---|---|---|\n" + "\n".join(rows) + "\n"
+    )
+
+
 GENERATORS = {
     "configuration.md": configuration,
     "metrics.md": metrics,
     "labels.md": labels,
     "policies.md": policies,
+    "plugins.md": plugins,
 }
 SCHEMA = ROOT / "deploy" / "helm" / "gpudaemon" / "values.schema.json"
 

@@ -25,7 +25,7 @@ from gpudaemon.agent.metrics.http import HttpServer, make_app
 from gpudaemon.agent.metrics.selfmetrics import AgentMetrics
 from gpudaemon.agent.poller import Poller
 from gpudaemon.backends import Backend, make_backend
-from gpudaemon.config import Config
+from gpudaemon.config import AgentSettings
 from gpudaemon.errors import GpudaemonError, NvmlUnavailableError
 from gpudaemon.labels import LabelSet, NodeLabeler
 from gpudaemon.labels.outputs import FileSink, NfdSink, NullSink, StdoutSink
@@ -65,7 +65,7 @@ class HistorySink(Protocol):
     def close(self) -> None: ...
 
 
-def make_label_sink(cfg: Config, metrics: AgentMetrics) -> LabelSink:
+def make_label_sink(cfg: AgentSettings, metrics: AgentMetrics) -> LabelSink:
     to = cfg.labels.to
     if to == "stdout":
         return StdoutSink()
@@ -96,7 +96,7 @@ def make_label_sink(cfg: Config, metrics: AgentMetrics) -> LabelSink:
     return FileSink(to)
 
 
-def make_history_sink(cfg: Config, registry: CollectorRegistry) -> HistorySink | None:
+def make_history_sink(cfg: AgentSettings, registry: CollectorRegistry) -> HistorySink | None:
     if not cfg.influxdb.url:
         return None
     from gpudaemon.history.writer import InfluxWriter
@@ -108,7 +108,7 @@ FAULTS_ANNOTATION = "gpu-faults"
 
 
 def make_health_memory(
-    cfg: Config, backend: Backend, sink: LabelSink
+    cfg: AgentSettings, backend: Backend, sink: LabelSink
 ) -> tuple[HealthMemory | None, AnnotationStore | None]:
     """Where sticky GPU faults are remembered. "auto": on the Node (an annotation) when
     the agent writes to the API server; else a file on the node with real NVML, and
@@ -127,7 +127,7 @@ def make_health_memory(
 class Agent:
     def __init__(
         self,
-        cfg: Config,
+        cfg: AgentSettings,
         backend: Backend | None = None,
         registry: CollectorRegistry | None = None,
         label_sink: LabelSink | None = None,

@@ -98,6 +98,11 @@ RETIRED_PAGES_CALLS: tuple[str, ...] = (
     "nvmlDeviceGetRetiredPagesPendingStatus",
 )
 NVLINK_CALL = "nvmlDeviceGetNvLinkErrorCounter"  # x 4 counters x active links
+# GPM (Hopper+, probed once per GPU): every sample of a GPU that has it takes one GPM
+# sample and computes the metrics from it and the previous poll's sample; with MIG on,
+# the same again per GPU instance (backends/gpm.py).
+GPM_CALLS: tuple[str, ...] = ("nvmlGpmSampleGet", "nvmlGpmMetricsGet")
+GPM_MIG_CALLS: tuple[str, ...] = ("nvmlGpmMigSampleGet", "nvmlGpmMetricsGet")
 
 
 class Backend(Protocol):

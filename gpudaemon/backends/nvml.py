@@ -10,6 +10,11 @@ schedule, never by `sample()`. The calls each step makes are `SAMPLE_CALLS` and
 `ENERGY_CALLS` (backends/base.py); the simulator charges its latency profile for the
 same ones. A reading a GPU does not support is asked once, then not again; the first
 read of each reading on each GPU is timed, and one over SLOW_CALL_S is logged.
+
+GPM (Hopper+; issue 33): support is probed once per GPU at inventory. Each sample of a
+GPU with GPM takes one GPM sample and computes the metrics from it and the previous
+poll's (so the pair spans the poll interval, no extra wait; the first poll has none);
+with MIG on, the same per GPU instance. The arithmetic is in backends/gpm.py.
 """
 
 from __future__ import annotations
@@ -17,21 +22,32 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, cast
 
 from loguru import logger
 
+from gpudaemon.backends import gpm
 from gpudaemon.backends.base import NVLINK_CALL, host_boot_id, is_critical_xid, lost_sample
 from gpudaemon.errors import BackendError, NvmlUnavailableError
 from gpudaemon.health import signals
 from gpudaemon.health.verdict import judge
 from gpudaemon.logsetup import LogLimiter
-from gpudaemon.model import MIB, GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
+from gpudaemon.model import (
+    MIB,
+    GpmReading,
+    GpuInfo,
+    GpuSample,
+    MigDevice,
+    MigSample,
+    NodeInventory,
+)
 
 # A first read at least this slow is logged (the energy counter: ~3.9 ms on an H100).
 SLOW_CALL_S = 0.001
 _timer = time.perf_counter  # the probe's clock (a test replaces it)
+_clock = time.monotonic  # the GPM interval's clock (a test replaces it)
 
 
 class _Unsupported(Exception):
@@ -40,6 +56,20 @@ class _Unsupported(Exception):
 
 class _Lost(Exception):
     """NVML_ERROR_GPU_IS_LOST for one GPU."""
+
+
+@dataclass
+class _GpmPair:
+    """One GPU's (or GPU instance's) GPM state: two sample buffers from
+    nvmlGpmSampleAlloc (`prev` holds the previous poll's sample when `at` is set), the
+    metrics struct (reused), the metric ids it said are unsupported, the counters."""
+
+    prev: Any
+    cur: Any
+    metrics: Any
+    at: float | None = None  # monotonic time `prev` was taken; None: no previous sample
+    skip: set[int] = field(default_factory=set)
+    counters: gpm.Counters = field(default_factory=gpm.Counters)
 
 
 def _import_pynvml() -> ModuleType:
@@ -81,6 +111,12 @@ class NvmlBackend:
         self._nvlinks: dict[int, tuple[int, ...]] = {}
         self._unsupported_fields: set[tuple[int, int]] = set()
         self._recovery_changed: set[int] = set()
+        # GPM: support per GPU (probed once); per GPU (gi None) or GPU instance, its pair;
+        # GPUs whose GPU instances said GPM is not supported.
+        self._gpm_support: dict[int, bool] = {}
+        self._gpm: dict[tuple[int, int | None], _GpmPair] = {}
+        self._gpm_no_mig: set[int] = set()
+        self._gpm_ids: dict[int, tuple[str, str]] | None = None
         self._stop = threading.Event()
         self._xid_thread: threading.Thread | None = None
 
@@ -130,6 +166,8 @@ class NvmlBackend:
             self._xid_thread.join(timeout=3)
         with self._lock:
             if self._initialised:
+                for i in {k[0] for k in self._gpm}:
+                    self._gpm_free(i)
                 try:
                     self._nvml.nvmlShutdown()
                 except self._nvml.NVMLError as e:
@@ -201,6 +239,8 @@ class NvmlBackend:
                     info = self._gpu_info(i, h)
                     self._infos[i] = info
                     self._lost.discard(i)
+                    if i not in self._gpm_support:
+                        self._gpm_probe(i, h)
                 except (_Lost, _Unsupported, n.NVMLError) as e:
                     if isinstance(e, _Lost):
                         self._mark_lost(i)
@@ -332,7 +372,12 @@ class NvmlBackend:
             n.NVML_VOLATILE_ECC,
         )
         info = self._infos.get(i)
-        migs = tuple(self._mig_sample(i, m) for m in info.mig_devices) if info else ()
+        by_gi = self._gpm_instances(i, h, info.mig_devices if info else ())
+        migs = (
+            tuple(self._mig_sample(i, m, by_gi.get(m.gpu_instance_id)) for m in info.mig_devices)
+            if info
+            else ()
+        )
         health = self._health_readings(i, h)
         sample = GpuSample(
             index=i,
@@ -351,6 +396,7 @@ class NvmlBackend:
             process_count=len(procs) if procs is not None else None,
             xid_errors_total=self._xid_counts(i),
             mig=migs,
+            gpm=self._gpm_read(i, h, None),
             **health,
         )
         return judge(sample)
@@ -520,18 +566,161 @@ class NvmlBackend:
                 out[i] = mj / 1000.0 if mj is not None else None
             return out
 
-    def _mig_sample(self, i: int, m: MigDevice) -> MigSample:
+    def _mig_sample(self, i: int, m: MigDevice, reading: GpmReading | None) -> MigSample:
         n = self._nvml
         try:
             mh = self._call("nvmlDeviceGetHandleByUUID", m.uuid.encode())
         except (_Unsupported, n.NVMLError):
-            return MigSample(uuid=m.uuid)
+            return MigSample(uuid=m.uuid, gpm=reading)
         mem = self._memory(i, mh)
         return MigSample(
             uuid=m.uuid,
             memory_used_bytes=int(mem.used) if mem is not None else None,
             memory_total_bytes=int(mem.total) if mem is not None else None,
+            gpm=reading,
         )
+
+    # -- GPM (Hopper+) -------------------------------------------------------------
+
+    def _gpm_probe(self, i: int, h: Any) -> None:
+        """Whether GPU i has GPM (nvmlGpmQueryDeviceSupport), asked once; the cost of
+        each GPM call's first use is in `first_read_s` and logged at debug."""
+        start = _timer()
+        try:
+            ok = bool(self._call("nvmlGpmQueryDeviceSupport", h).isSupportedDevice)
+        except (_Unsupported, self._nvml.NVMLError):  # a driver before GPM, or no support
+            ok = False
+        self._gpm_support[i] = ok
+        self._took(i, "gpm support", start)
+        if ok:
+            logger.info("GPU {}: GPM supported; reading SM, tensor and DRAM activity", i)
+
+    def _took(self, i: int, what: str, start: float) -> None:
+        if (i, what) not in self.first_read_s:
+            took = self.first_read_s[(i, what)] = _timer() - start
+            logger.debug("GPU {}: the first {} cost {:.3f} ms", i, what, took * 1e3)
+
+    def _gpm_table(self) -> dict[int, tuple[str, str]]:
+        """GPM metric id -> (kind, name): a ratio we export, or a (link, direction) rate
+        in MiB/s. Tensor is ANY_TENSOR (HMMA + IMMA + DMMA), as DCGM's PIPE_TENSOR_ACTIVE."""
+        if self._gpm_ids is None:
+            n = self._nvml
+            self._gpm_ids = {
+                n.NVML_GPM_METRIC_SM_UTIL: ("ratio", "sm_active_ratio"),
+                n.NVML_GPM_METRIC_SM_OCCUPANCY: ("ratio", "sm_occupancy_ratio"),
+                n.NVML_GPM_METRIC_ANY_TENSOR_UTIL: ("ratio", "tensor_active_ratio"),
+                n.NVML_GPM_METRIC_DRAM_BW_UTIL: ("ratio", "dram_active_ratio"),
+                n.NVML_GPM_METRIC_FP64_UTIL: ("ratio", "fp64_active_ratio"),
+                n.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: ("nvlink", "tx"),
+                n.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: ("nvlink", "rx"),
+                n.NVML_GPM_METRIC_PCIE_TX_PER_SEC: ("pcie", "tx"),
+                n.NVML_GPM_METRIC_PCIE_RX_PER_SEC: ("pcie", "rx"),
+            }
+        return self._gpm_ids
+
+    def _gpm_instances(
+        self, i: int, h: Any, devices: tuple[MigDevice, ...]
+    ) -> dict[int, GpmReading | None]:
+        """Per GPU instance of a MIG GPU with GPM, its reading; pairs of GPU instances
+        that are gone (a new MIG layout) are freed."""
+        gis = {m.gpu_instance_id for m in devices} if i not in self._gpm_no_mig else set()
+        for key in [k for k in self._gpm if k[0] == i and k[1] is not None and k[1] not in gis]:
+            self._gpm_free(i, key[1])
+        return {gi: self._gpm_read(i, h, gi) for gi in sorted(gis)}
+
+    def _gpm_read(self, i: int, h: Any, gi: int | None) -> GpmReading | None:
+        """This poll's GPM sample paired with the previous poll's. None on a GPU without
+        GPM (NOT_SUPPORTED turns it off), on the first poll, and for this poll only when
+        a sample or the metrics fail (logged once); _Lost propagates."""
+        if not self._gpm_support.get(i):
+            return None
+        n = self._nvml
+        pair = self._gpm.get((i, gi))
+        try:
+            if pair is None:
+                pair = self._gpm[(i, gi)] = self._gpm_alloc()
+            start = _timer()
+            if gi is None:
+                self._call("nvmlGpmSampleGet", h, pair.cur)
+            else:
+                self._call("nvmlGpmMigSampleGet", h, gi, pair.cur)
+            self._took(i, "gpm sample" if gi is None else "gpm mig sample", start)
+            now, then = _clock(), pair.at
+            pair.prev, pair.cur, pair.at = pair.cur, pair.prev, now  # `prev` is this one
+            if then is None:
+                return None  # the first poll: no pair yet
+            start = _timer()
+            ratios, rates = self._gpm_metrics(pair)
+            self._took(i, "gpm metrics", start)
+        except _Unsupported:
+            where = "" if gi is None else f" on GPU instance {gi}"
+            logger.info("GPU {}: GPM is not supported{}; not read again", i, where)
+            if gi is None:
+                self._gpm_support[i] = False
+                self._gpm_free(i)
+            else:
+                self._gpm_no_mig.add(i)
+                self._gpm_free(i, gi)
+            return None
+        except n.NVMLError as e:  # e.g. a pair that does not span an interval
+            if self._warn_once.allow(("gpm", i, gi)):
+                logger.warning("GPU {}: GPM read failed: {}; absent this poll", i, e)
+            return None
+        pair.counters.add(rates, now - then)
+        return gpm.reading(ratios, pair.counters)
+
+    def _gpm_metrics(self, pair: _GpmPair) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
+        """nvmlGpmMetricsGet over (previous, this) sample: ratios and MiB/s rates. A
+        metric NVML says is unsupported (NVLink on a PCIe card) is not asked again."""
+        n = self._nvml
+        table = self._gpm_table()
+        ids = [m for m in table if m not in pair.skip]
+        mg = pair.metrics
+        mg.version = n.NVML_GPM_METRICS_GET_VERSION
+        mg.numMetrics = len(ids)
+        mg.sample1, mg.sample2 = pair.cur, pair.prev  # the older sample first
+        for k, mid in enumerate(ids):
+            mg.metrics[k].metricId = mid
+        self._call("nvmlGpmMetricsGet", mg)
+        ratios: dict[str, float] = {}
+        rates: dict[tuple[str, str], float] = {}
+        for k in range(len(ids)):
+            m = mg.metrics[k]
+            mid, ret = int(m.metricId), int(m.nvmlReturn)
+            if ret == n.NVML_ERROR_GPU_IS_LOST:
+                raise _Lost()
+            if ret == n.NVML_ERROR_NOT_SUPPORTED:
+                pair.skip.add(mid)
+            if ret != n.NVML_SUCCESS or mid not in table:
+                continue
+            kind, name = table[mid]
+            if kind == "ratio":
+                ratios[name] = gpm.ratio(m.value)
+            else:
+                rates[(kind, name)] = float(m.value)
+        return ratios, rates
+
+    def _gpm_alloc(self) -> _GpmPair:
+        first = self._call("nvmlGpmSampleAlloc")
+        try:
+            second = self._call("nvmlGpmSampleAlloc")
+        except BaseException:
+            self._gpm_release(first)
+            raise
+        return _GpmPair(prev=first, cur=second, metrics=self._nvml.c_nvmlGpmMetricsGet_t())
+
+    def _gpm_free(self, i: int, gi: int | None = None) -> None:
+        """Free GPU i's GPM sample buffers: one GPU instance's, or (None) all of them."""
+        for key in [k for k in self._gpm if k[0] == i and (gi is None or k[1] == gi)]:
+            pair = self._gpm.pop(key)
+            self._gpm_release(pair.prev)
+            self._gpm_release(pair.cur)
+
+    def _gpm_release(self, sample: Any) -> None:
+        try:
+            self._call("nvmlGpmSampleFree", sample)
+        except (_Unsupported, _Lost, self._nvml.NVMLError) as e:
+            logger.debug("nvmlGpmSampleFree: {}", e)
 
     def _memory(self, i: int, h: Any) -> Any:
         """Memory info, preferring _v2 (reserved memory excluded), probed once."""
@@ -576,6 +765,7 @@ class NvmlBackend:
     # -- health and XID events ---------------------------------------------------
 
     def _mark_lost(self, i: int) -> None:
+        self._gpm_free(i)  # a lost GPU's samples are stale; its buffers go back
         if i not in self._lost:
             self._lost.add(i)
             # The ERROR line is healthlog's (one per episode, for every backend).

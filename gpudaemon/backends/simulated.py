@@ -38,9 +38,11 @@ from pydantic import (
     model_validator,
 )
 
-from gpudaemon.backends import migprofiles
+from gpudaemon.backends import gpm, migprofiles
 from gpudaemon.backends.base import (
     ENERGY_CALLS,
+    GPM_CALLS,
+    GPM_MIG_CALLS,
     HEALTH_CALLS,
     NVLINK_CALL,
     RETIRED_PAGES_CALLS,
@@ -51,7 +53,15 @@ from gpudaemon.backends.base import (
 from gpudaemon.errors import ProfileError
 from gpudaemon.health import signals
 from gpudaemon.health.verdict import judge
-from gpudaemon.model import MIB, GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
+from gpudaemon.model import (
+    MIB,
+    GpmReading,
+    GpuInfo,
+    GpuSample,
+    MigDevice,
+    MigSample,
+    NodeInventory,
+)
 from gpudaemon.textfile import read_text_file
 
 BUILTIN_PROFILES = ("dgx-h100", "a100-mig", "mixed", "h100-measured")
@@ -64,7 +74,10 @@ _NVML_CALLS = (
     | frozenset(ENERGY_CALLS)
     | frozenset(HEALTH_CALLS)
     | frozenset(RETIRED_PAGES_CALLS)
+    | frozenset(GPM_CALLS)
+    | frozenset(GPM_MIG_CALLS)
     | {
+        "nvmlGpmQueryDeviceSupport",
         NVLINK_CALL,
         "nvmlDeviceGetNvLinkState",
         "nvmlDeviceGetFieldValues",
@@ -260,6 +273,9 @@ class GpuSpec(_Strict):
     utilization: UtilizationSpec = UtilizationSpec()
     mig: MigSpec = MigSpec(capable=False)
     faults: tuple[FaultSpec, ...] = ()
+    # GPM (SM / tensor / DRAM activity, NVLink and PCIe bytes): Hopper (9.0) and later
+    # have it; false turns it off (a GPU or driver without it); absent: by the GPU.
+    gpm: Annotated[bool, Field(strict=True)] | None = None
     # NVML call name -> its mean latency in microseconds on this GPU (absent: free).
     nvml_latency_us: dict[str, Annotated[Number, Field(ge=0.0, le=1e6)]] = {}
 
@@ -291,6 +307,11 @@ class GpuSpec(_Strict):
 
     @model_validator(mode="after")
     def _no_ignored_fields(self) -> GpuSpec:
+        if self.gpm and int(self.compute_capability.split(".")[0]) < 9:
+            raise ValueError(
+                f"gpm: true needs compute_capability 9.0 or later (GPM is Hopper+), "
+                f"not {self.compute_capability}"
+            )
         if self.uuid is not None and self.count != 1:
             raise ValueError(f"uuid: only with count: 1 ({self.count} GPUs cannot share one)")
         for i, f in enumerate(self.faults):
@@ -363,6 +384,11 @@ class Profile(_Strict):
                     raise ValueError(f"gpus: uuid {g.uuid} appears twice")
                 seen.add(g.uuid.lower())
         return self
+
+
+def has_gpm(spec: GpuSpec) -> bool:
+    """GPM as NVML would report it: Hopper and later, unless the profile turns it off."""
+    return spec.gpm if spec.gpm is not None else int(spec.compute_capability.split(".")[0]) >= 9
 
 
 def _cost_s(spec: GpuSpec, calls: tuple[str, ...]) -> float:
@@ -447,6 +473,20 @@ class _SimGpu:
     nvlink_adders: list[FaultSpec] = field(default_factory=list)  # fired nvlink_errors
     clock_events: frozenset[str] = frozenset()
     clock_seconds: dict[str, float] = field(default_factory=dict)
+    # GPM: whether a previous poll's sample exists (the first poll has no value), the
+    # cost of the GPU's and of each GPU instance's GPM calls, the byte counters.
+    gpm_primed: bool = False
+    gpm_cost_s: float = 0.0
+    gpm_mig_cost_s: float = 0.0
+    gpm_counters: gpm.Counters = field(default_factory=gpm.Counters)
+
+    def cost_s(self) -> float:
+        """What NVML would take for this GPU's sample, GPM included."""
+        if not has_gpm(self.spec):
+            return self.sample_cost_s
+        return (
+            self.sample_cost_s + self.gpm_cost_s + self.gpm_mig_cost_s * len(self.info.mig_devices)
+        )
 
 
 class SimulatedBackend:
@@ -505,6 +545,8 @@ class SimulatedBackend:
                         sample_cost_s=_cost_s(spec, SAMPLE_CALLS),
                         energy_cost_s=_cost_s(spec, ENERGY_CALLS),
                         health_cost_s=_health_cost_s(spec),
+                        gpm_cost_s=_cost_s(spec, GPM_CALLS),
+                        gpm_mig_cost_s=_cost_s(spec, GPM_MIG_CALLS),
                         nvlink={
                             link: dict.fromkeys(signals.NVLINK_ERROR_TYPES, 0)
                             for link in range(spec.nvlink_links or 0)
@@ -594,7 +636,7 @@ class SimulatedBackend:
             elapsed = now - self._start
             self._apply_mig_changes(elapsed)
             out = tuple(self._sample_one(g, elapsed, dt) for g in self._gpus)
-            _spend(sum(g.sample_cost_s for g in self._gpus if not g.lost))
+            _spend(sum(g.cost_s() for g in self._gpus if not g.lost))
             return out
 
     def energy(self) -> dict[int, float | None]:
@@ -715,18 +757,21 @@ class SimulatedBackend:
         power = spec.power_max_watts * (0.1 + 0.85 * util) + rng.gauss(0.0, 1.0)
         g.energy_joules += power * dt
         busy = util > 0.05
+        util = round(util, 4)
+        reading = self._gpm(g, util, dt)
         migs = tuple(
             MigSample(
                 uuid=m.uuid,
                 memory_total_bytes=m.memory_total_bytes,
                 memory_used_bytes=int(m.memory_total_bytes * mem_frac) // MIB * MIB,
+                gpm=_mig_gpm(reading, k),
             )
-            for m in info.mig_devices
+            for k, m in enumerate(info.mig_devices)
         )
         sample = GpuSample(
             index=info.index,
             uuid=info.uuid,
-            gpu_utilization_ratio=round(util, 4),
+            gpu_utilization_ratio=util,
             memory_utilization_ratio=round(min(1.0, util * 0.6), 4),
             memory_used_bytes=used,
             memory_free_bytes=total - used,
@@ -740,6 +785,59 @@ class SimulatedBackend:
             process_count=(1 + info.index % 2) if busy else 0,
             xid_errors_total=xids,
             mig=migs,
+            gpm=reading,
             **health,
         )
         return judge(sample)
+
+    def _gpm(self, g: _SimGpu, util: float, dt: float) -> GpmReading | None:
+        """GPM readings that fit the utilization: SM activity is at most utilization (a
+        busy GPU seldom fills every SM), tensor activity is within SM activity, DRAM
+        follows memory activity; NVLink and PCIe bytes grow with load. None without GPM
+        and on the first poll, as NVML gives (a pair needs two samples)."""
+        if not has_gpm(g.spec):
+            return None
+        if not g.gpm_primed:
+            g.gpm_primed = True
+            return None
+        sm = _floor(util * (0.55 + 0.4 * util))
+        links = g.spec.nvlink_links or 0
+        rates = {("pcie", "tx"): 2048.0 * util, ("pcie", "rx"): 3072.0 * util}
+        if links:  # MiB/s: ~1 GiB/s per link per unit of load, a little less read
+            rates |= {
+                ("nvlink", "tx"): 1024.0 * links * util,
+                ("nvlink", "rx"): 900.0 * links * util,
+            }
+        g.gpm_counters.add(rates, dt)
+        ratios = {
+            "sm_active_ratio": sm,
+            "sm_occupancy_ratio": _floor(sm * 0.5),
+            "tensor_active_ratio": _floor(sm * 0.7),
+            "dram_active_ratio": _floor(min(1.0, util * 0.6 * 0.9)),
+            "fp64_active_ratio": _floor(sm * 0.02),
+        }
+        return gpm.reading(ratios, g.gpm_counters)
+
+
+def _floor(v: float) -> float:
+    """Rounded down to 4 places, so a reading derived from another never passes it."""
+    return math.floor(v * 1e4) / 1e4
+
+
+def _mig_gpm(r: GpmReading | None, k: int) -> GpmReading | None:
+    """A GPU instance's share of the GPU's activity: its own ratios, each at most the
+    GPU's (instance k is a little less busy than k-1); no byte counters per instance."""
+    if r is None:
+        return None
+    f = 1.0 - 0.1 * (k % 4)
+
+    def part(v: float | None) -> float | None:
+        return None if v is None else _floor(v * f)
+
+    return GpmReading(
+        sm_active_ratio=part(r.sm_active_ratio),
+        sm_occupancy_ratio=part(r.sm_occupancy_ratio),
+        tensor_active_ratio=part(r.tensor_active_ratio),
+        dram_active_ratio=part(r.dram_active_ratio),
+        fp64_active_ratio=part(r.fp64_active_ratio),
+    )

@@ -1,5 +1,6 @@
-"""Filtering, gang tiers and score levels: pure functions of node states and the pod,
-and the memo that lets a request reuse the raw scores of nodes that did not change."""
+"""Gang tiers and score levels: pure functions of node states and the pod,
+and the memo that lets a request reuse the raw scores of nodes that did not change.
+`check_node` and `Rejection` live in checks.py and are re-exported here."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from gpudaemon.cluster.policies.base import Policy
+from gpudaemon.cluster.checks import Rejection, check_node
 from gpudaemon.cluster.state import NodeState, PodShape
 
 MAX_SCORE = 10  # the extender API's MaxExtenderPriority
@@ -30,54 +31,6 @@ class _Ordered(Protocol):
 # What the ranking functions order: a policy's raw score (float) or a gang pod's
 # GangScore, one kind per mapping; higher is better.
 Score = TypeVar("Score", bound=_Ordered)
-
-
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    """Why a node cannot take the pod: `reason` is a metric label, `message` one line."""
-
-    reason: str
-    message: str
-
-
-def check_node(
-    node: NodeState | None, pod: PodShape, *, fresh: bool, avoid_unhealthy: bool = True
-) -> Rejection | None:
-    """None when the node can take the pod; otherwise why not.
-
-    Order matters: the first failing rule names the cause an operator should fix first
-    (unreadable agent data, no agent, then stale agent data, then GPU health, then capacity).
-    """
-    if node is not None and node.bad_data:
-        return Rejection("bad_data", f"gpudaemon agent data unreadable: {node.bad_data}")
-    if node is None or not node.has_agent_labels:
-        return Rejection("no_agent", "no gpudaemon agent data for this node")
-    if not fresh:
-        return Rejection("stale", "gpudaemon agent data is stale (Lease missing or expired)")
-    if avoid_unhealthy and node.gpus_unhealthy > 0:
-        return Rejection(
-            "unhealthy",
-            f"{node.gpus_unhealthy} GPU(s) on the node unhealthy (lost, XID or ECC)",
-        )
-    # Capacity by bound pods only: kube-scheduler's own filter, which ran first, counts
-    # its in-flight pods; our assumptions only steer the ranking (state.NodeState).
-    if pod.gpus > node.gpus_free_bound:
-        return Rejection(
-            "insufficient_gpus",
-            f"pod needs {pod.gpus} GPU(s), {node.gpus_free_bound} healthy free"
-            f" ({node.gpus_allocatable} allocatable,"
-            f" {node.gpus_requested - node.gpus_assumed} requested)",
-        )
-    for profile, n in pod.mig:
-        free = node.mig_free_bound.get(profile, 0)
-        if n > free:
-            alloc = dict(node.mig_allocatable).get(profile, 0)
-            return Rejection(
-                "insufficient_mig",
-                f"pod needs {n} nvidia.com/mig-{profile}, {free} free"
-                f" ({alloc} allocatable, {alloc - free} requested)",
-            )
-    return None
 
 
 def best(raw: Mapping[str, Score]) -> str | None:
@@ -173,6 +126,19 @@ def gang_scores(
     return out
 
 
+class Scorer(Protocol):
+    """What the memo scores with: a policy, or any score plug-in's scorer (only the
+    order of raw scores matters; `scores_version` moves when the same node and pod may
+    score differently)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def raw_score(self, node: NodeState, pod: PodShape) -> float: ...
+
+    def scores_version(self) -> object: ...
+
+
 class ScoreMemo:
     """Raw scores by node, reused while the node's state and the policy's tables stay
     the same.
@@ -198,7 +164,7 @@ class ScoreMemo:
 
     def scores(
         self,
-        policy: Policy,
+        policy: Scorer,
         shape: PodShape,
         names: Iterable[str],
         states: Mapping[str, NodeState | None],
@@ -234,3 +200,19 @@ class ScoreMemo:
         self.hits += hits
         self.misses += misses
         return out
+
+
+__all__ = [
+    "MAX_SCORE",
+    "Gang",
+    "GangScore",
+    "Rejection",
+    "ScoreMemo",
+    "Scorer",
+    "best",
+    "best_nodes",
+    "check_node",
+    "gang_scores",
+    "rank",
+    "to_levels",
+]

@@ -17,16 +17,18 @@ from typing import Any
 
 import orjson
 from loguru import logger
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry
 
 from gpudaemon.cluster.clusterstate import ClusterState
 from gpudaemon.cluster.policies.base import Policy
 from gpudaemon.cluster.reservations import LeaseReservations
 from gpudaemon.cluster.state import NodeState, PodShape
+from gpudaemon.config import PluginsConfig
 from gpudaemon.extender.framework import BadPod, Framework, NotReady
 from gpudaemon.extender.metrics import ExtenderMetrics
 from gpudaemon.extender.pods import PodVerifier
-from gpudaemon.httpserver import Readiness, StartResponse, probe_response, text_response
+from gpudaemon.httpserver import Readiness, StartResponse
+from gpudaemon.kube.runner import observability_app
 from gpudaemon.logsetup import LogLimiter
 
 JSON_HEADERS = [("Content-Type", "application/json")]
@@ -100,6 +102,7 @@ class ExtenderApi:
         verifier: PodVerifier | None = None,
         reservations: LeaseReservations | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        plugins: PluginsConfig | None = None,
     ) -> None:
         self.metrics = ExtenderMetrics(registry)
         self.framework = Framework(
@@ -113,11 +116,17 @@ class ExtenderApi:
             observe=observe,
             verifier=verifier,
             reservations=reservations,
+            plugins=plugins,
         )
         self.ready = ready
         self.clock = clock
         self._bug_log = LogLimiter(60.0)  # a traceback per kind of failure per minute
-        self._metrics_app = make_wsgi_app(registry)
+        # /metrics, /healthz, /readyz: served as the rebalancer serves them (kube.runner).
+        self._observe = observability_app(
+            registry,
+            lambda: self.ready(),  # read at each request: the wiring may swap it
+            "not found: try POST /filter, POST /prioritize, /healthz, /readyz, /metrics\n",
+        )
 
     # What callers (tests, the wiring) read; the framework owns them.
     @property
@@ -141,16 +150,7 @@ class ExtenderApi:
             if method != "POST":
                 return _reply(start_response, "405 Method Not Allowed", {"Error": "use POST"})
             return self._verb(path[1:], environ, start_response)
-        if path == "/metrics":
-            return self._metrics_app(environ, start_response)  # type: ignore[no-any-return]
-        probe = probe_response(path, self.ready, start_response)
-        if probe is not None:
-            return probe
-        return text_response(
-            start_response,
-            "404 Not Found",
-            "not found: try POST /filter, POST /prioritize, /healthz, /readyz, /metrics\n",
-        )
+        return self._observe(environ, start_response)
 
     def _verb(
         self, verb: str, environ: dict[str, Any], start_response: StartResponse

@@ -1,13 +1,12 @@
 """Wiring for `gpudaemon extender`: client, caches, informers, policies, HTTP server.
 
-Shutdown order: stop serving (the scheduler falls back on its timeout), then stop the
-watches. The informer threads are daemons: a watch blocked on a silent server must not
-hold up exit.
+Start, readiness and shutdown are the shared `kube.runner.Runner`'s: serve first, then
+watch; on close stop the watches' loop, stop serving (the scheduler falls back on its
+timeout), then close the client.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -21,10 +20,11 @@ from gpudaemon.cluster.metrics import BadDataCollector
 from gpudaemon.cluster.policies import Policy, build_policies, policy_spec
 from gpudaemon.cluster.reservations import LeaseReservations, ReservationCollector
 from gpudaemon.cluster.selectors import POD_SELECTOR, pending_selector, unschedulable_since
-from gpudaemon.config import Config
+from gpudaemon.config import ExtenderSettings
 from gpudaemon.errors import ConfigError
 from gpudaemon.extender.api import ExtenderApi
 from gpudaemon.extender.metrics import CacheCollector, NodeCollector
+from gpudaemon.extender.plugins import check_plugins
 from gpudaemon.extender.pods import PendingPods, PodVerifier
 from gpudaemon.httpserver import (
     HttpServer,
@@ -38,14 +38,17 @@ from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import KubeClient, find_credentials
 from gpudaemon.kube.informer import ListWatchClient, Reflector
 from gpudaemon.kube.lease import lease_path
+from gpudaemon.kube.runner import Runner
 
 LOOKUP_TIMEOUT_S = 1.0
 
 
-def make_policies(cfg: Config) -> dict[str, Policy]:
+def make_policies(cfg: ExtenderSettings) -> dict[str, Policy]:
     """Every registered policy (cluster/policies/), built from the `extender:` section;
-    an unknown `extender.policy` is a ConfigError naming the known ones (exit 2)."""
+    an unknown `extender.policy` or plug-in name (`extender.plugins`) is a ConfigError
+    naming the known ones (exit 2)."""
     policy_spec(cfg.extender.policy)
+    check_plugins(cfg.extender.plugins)
     return build_policies(cfg.extender)
 
 
@@ -67,7 +70,7 @@ def observability_only(app: WsgiApp) -> WsgiApp:
 class Extender:
     def __init__(
         self,
-        cfg: Config,
+        cfg: ExtenderSettings,
         client: ListWatchClient | None = None,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -113,6 +116,7 @@ class Extender:
                       self._pending_event, query={"fieldSelector": pending},
                       backoff=Backoff(0.5, cap), clock=clock),
         ]  # fmt: skip
+        self.runner = Runner(self.reflectors, client=client, clock=clock)
         self.verifier = PodVerifier(
             self.pending,
             # Short: it runs inside a scheduler request (httpTimeout 5 s); a slow API
@@ -134,12 +138,13 @@ class Extender:
             candidates=ext.candidates,
             verifier=self.verifier,
             reservations=self.reservations,
+            plugins=ext.plugins,
         )
         self.registry.register(ReservationCollector(self.reservations))
         self.registry.register(CacheCollector(self.sizes, self.cache_ages))
         self.registry.register(NodeCollector(self.cluster))
         self.registry.register(
-            BadDataCollector("extender", self.cluster.bad_counts, self.handler_errors)
+            BadDataCollector("extender", self.cluster.bad_counts, self.runner.handler_errors)
         )
         limits: dict[str, Any] = {
             "name": "extender",
@@ -162,14 +167,11 @@ class Extender:
             self.metrics_server = HttpServer(
                 ext.metrics_listen, observability_only(self.api), name="extender.metrics", threads=2
             )
-        self.stop_event = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self.runner.servers = [self.server, *([self.metrics_server] if self.metrics_server else [])]
+        self.stop_event = self.runner.stop_event
 
     def ready(self) -> tuple[bool, str]:
-        waiting = [r.kind for r in self.reflectors if not r.synced.is_set()]
-        if waiting:
-            return False, "waiting for the first list of: " + ", ".join(waiting)
-        return True, "ok"
+        return self.runner.ready()
 
     def sizes(self) -> dict[str, int]:
         return {
@@ -178,15 +180,8 @@ class Extender:
             "unverified_uids": self.verifier.negative_size_now(),
         }
 
-    def handler_errors(self) -> dict[str, int]:
-        return {r.kind: r.handler_errors for r in self.reflectors}
-
     def cache_ages(self) -> dict[str, float | None]:
-        now = self.clock()
-        return {
-            r.kind: None if r.last_sync_at is None else max(0.0, now - r.last_sync_at)
-            for r in self.reflectors
-        }
+        return self.runner.cache_ages()
 
     def _leases_replace(self, items: list[dict[str, Any]]) -> None:
         self.cluster.replace_leases(items)
@@ -204,15 +199,7 @@ class Extender:
             self.cluster.unassume_if_failed_since(uid, failed)
 
     def start(self) -> None:
-        self.server.start()  # first: a bad listen address exits 2 before any API call
-        if self.metrics_server is not None:
-            self.metrics_server.start()
-        for r in self.reflectors:
-            t = threading.Thread(
-                target=r.run, args=(self.stop_event,), name=f"watch-{r.kind}", daemon=True
-            )
-            t.start()
-            self._threads.append(t)
+        self.runner.start()  # servers first: a bad listen address exits 2 before any API call
         logger.info(
             "gpudaemon {} extender listening on {} (policy {}, policies: {})",
             __version__,
@@ -222,8 +209,7 @@ class Extender:
         )
 
     def wait_synced(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        return all(r.synced.wait(max(0.0, deadline - time.monotonic())) for r in self.reflectors)
+        return self.runner.wait_synced(timeout_s)
 
     def run(self) -> int:
         self.start()
@@ -234,10 +220,4 @@ class Extender:
         return 0
 
     def close(self) -> None:
-        self.stop_event.set()
-        self.server.stop()
-        if self.metrics_server is not None:
-            self.metrics_server.stop()
-        close = getattr(self.client, "close", None)
-        if callable(close):
-            close()
+        self.runner.close()

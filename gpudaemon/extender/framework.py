@@ -1,6 +1,9 @@
-"""The extender's decisions, named as kube-scheduler names its steps: **filter** (which
-nodes can take the pod, and the policy's best few), **score** (0-10 per node) and
-**reserve** (assume the pod on the node ranked first, until its binding is seen).
+"""The extender's decisions, named as kube-scheduler names its steps, each made of the
+plug-ins `extender.plugins` enables (extender/plugins/): **filter** (which nodes can
+take the pod: the filter plug-ins in order; then the best few by score), **score**
+(the score plug-ins' normalised scores summed with their weights, a gang's tiers
+compared first, ranked onto 0-10) and **reserve** (the reserve plug-ins, for the node
+ranked first).
 
 Each request works on one snapshot of the cluster, taken under the cluster's lock, and
 the decisions are serialised under one lock: a pod's ranking and the reservation it
@@ -20,21 +23,23 @@ from typing import Any
 from gpudaemon.cluster.clusterstate import ClusterState
 from gpudaemon.cluster.podspec import POLICY_ANNOTATION, pod_gang, pod_policy, pod_shape
 from gpudaemon.cluster.policies.base import Policy, UnknownPolicyError
-from gpudaemon.cluster.reservations import LeaseReservations, Reservation, held_on
+from gpudaemon.cluster.reservations import LeaseReservations
 from gpudaemon.cluster.scoring import (
     MAX_SCORE,
     Gang,
     GangScore,
     Rejection,
     ScoreMemo,
+    Scorer,
     best_nodes,
-    check_node,
     gang_scores,
     rank,
 )
 from gpudaemon.cluster.state import NodeState, PodShape
+from gpudaemon.config import PluginsConfig
 from gpudaemon.extender.metrics import ExtenderMetrics
-from gpudaemon.extender.pods import PendingPods, PodVerifier, priority_of
+from gpudaemon.extender.plugins import MAX_NODE_SCORE, Cycle, build_profile
+from gpudaemon.extender.pods import PodVerifier
 from gpudaemon.httpserver import Readiness
 
 MIG_POLICY = "migpack"  # pods of MIG devices alone, unless their annotation says otherwise
@@ -74,6 +79,7 @@ class Framework:
         observe: Callable[[str, PodShape], None] | None = None,
         verifier: PodVerifier | None = None,
         reservations: LeaseReservations | None = None,
+        plugins: PluginsConfig | None = None,
     ) -> None:
         if default_policy not in policies:
             raise UnknownPolicyError(default_policy)
@@ -94,7 +100,9 @@ class Framework:
         # only for pods the pending cache shows unbound, so only with a verifier.
         self.reservations = reservations if self.pending is not None else None
         self._lock = threading.Lock()
-        self._scores = ScoreMemo()  # used under _lock
+        # The plug-ins, built with this framework as their handle (plugins/base.py).
+        self.profile = build_profile(plugins or PluginsConfig(), self)
+        self._scores = ScoreMemo(max_shapes=16 * len(self.profile.scores))  # under _lock
         for p in self.policies.values():  # what they learn from nodes, off the request path
             cluster.add_node_listener(p)
 
@@ -137,6 +145,42 @@ class Framework:
             self.metrics.unverified.labels(why).inc()
             return None
         return real.uid, real.shape, real.gang
+
+    def _scored(
+        self, cycle: Cycle, names: Sequence[str], states: Mapping[str, NodeState | None]
+    ) -> dict[str, float]:
+        """The pod's score per node: each score plug-in's raw scores (memoized),
+        normalised to 0..MAX_NODE_SCORE over these nodes and summed with the weights
+        (kube-scheduler's rule). Only nodes every plug-in scored are ranked (a plug-in
+        leaves out a node that cannot host the pod). With one plug-in its raw scores
+        are used as they are: a positive affine map keeps their order, and skipping it
+        keeps close raw scores from merging in float rounding."""
+        scorers = self._scorers(cycle)
+        memo, shape = self._scores, cycle.shape
+        if len(scorers) == 1:
+            return memo.scores(scorers[0][0], shape, names, states)
+        parts = [(memo.scores(s, shape, names, states), w) for s, w in scorers]
+        common = set(parts[0][0])
+        for raw, _ in parts[1:]:
+            common.intersection_update(raw)
+        total = dict.fromkeys(common, 0.0)
+        if not common:
+            return total
+        for raw, weight in parts:
+            values = [raw[n] for n in common]
+            lo, span = min(values), max(values) - min(values)
+            if span <= 0:  # all equal: every node the plug-in's top score
+                for n in common:
+                    total[n] += weight * MAX_NODE_SCORE
+                continue
+            k = weight * MAX_NODE_SCORE / span
+            for n in common:
+                total[n] += k * (raw[n] - lo)
+        return total
+
+    def _scorers(self, cycle: Cycle) -> list[tuple[Scorer, int]]:
+        """The score plug-ins with a say on this pod, and their weights."""
+        return [(s, w) for p, w in self.profile.scores if (s := p.scorer(cycle)) is not None]
 
     def _with_gang(
         self,
@@ -193,37 +237,23 @@ class Framework:
                 p.observe_pod(real[0], real[1])
             if self.observe is not None:
                 self.observe(real[0], real[1])
-        failed: dict[str, str] = {}
-        passed: list[str] = []
-        removed: Counter[str] = Counter()  # by reason; one metric update per reason
         uid = real[0] if real is not None else _uid(pod)
-        now = self.cluster.wall()
-        # Node -> the room kept there; empty (one check per node) when there is none.
-        kept = self.reservations.in_force(now) if self.reservations is not None else {}
-        priority = 0
-        if kept:
-            known = self.pending.get(uid) if self.pending is not None and uid else None
-            priority = known.priority if known is not None else priority_of(pod)
+        cycle = Cycle(pod, shape, policy, uid, self.cluster.wall())
+        filters = [c for f in self.profile.filters if (c := f.prepare(cycle)) is not None]
+        rejected: dict[str, Rejection] = {}
         with self._lock:
             snap = self.cluster.snapshot(names)
             states, fresh = snap.states, snap.fresh
-            for name in names:
-                why = check_node(
-                    states[name], shape, fresh=fresh[name], avoid_unhealthy=self.avoid_unhealthy
-                )
-                if why is None and kept and (here := kept.get(name)) and self.pending is not None:
-                    why = _kept(self.pending, here, states[name], shape, uid, priority, now)
-                if why is None:
-                    passed.append(name)
-                else:
-                    failed[name] = _reason(why)
-                    removed[why.reason] += 1
+            passed = list(names)
+            for run in filters:  # in order, each on what the ones before passed
+                passed = run(passed, states, fresh, rejected)
+            removed: Counter[str] = Counter(r.reason for r in rejected.values())
             if 0 < self.candidates < len(passed):
-                # Narrow to the policy's best nodes. Those outranked are not listed in
+                # Narrow to the best nodes by score. Those outranked are not listed in
                 # FailedNodes: the scheduler reads that map only for a pod that fits
                 # nowhere, and here some node fits; listing them would cost the
                 # scheduler a map of every node to decode per pod.
-                raw = self._scores.scores(policy, shape, passed, states)
+                raw = self._scored(cycle, passed, states) if self._scorers(cycle) else {}
                 if raw:  # none scorable (our CPU/memory view says no node fits, the
                     # scheduler's says some do): leave the choice to the scheduler
                     keep = best_nodes(self._with_gang(raw, real, states), self.candidates)
@@ -244,7 +274,7 @@ class Framework:
         for reason, count in removed.items():
             self.metrics.filter_nodes.labels(reason).inc(count)
         self.metrics.filter_nodes.labels("passed").inc(len(passed))
-        return FilterResult(passed, failed)
+        return FilterResult(passed, {n: _reason(r) for n, r in rejected.items()})
 
     # -- score --------------------------------------------------------------------
 
@@ -256,17 +286,14 @@ class Framework:
             policy = self.policy_for(pod, shape)
         except UnknownPodPolicy:  # filter already failed every node with the reason
             return [(n, 0) for n in names]
-        # A GPU-less pod reaches us only without managedResources; neutral unless the
-        # policy judges where it strands GPUs (fragmentation does).
-        if not shape.wants_gpus and not policy.scores_gpuless_pods:
+        cycle = Cycle(pod, shape, policy, "", 0.0)
+        if not self._scorers(cycle):  # no plug-in has a say on this pod: neutral
             return [(n, 0) for n in names]
         self._require_ready()
         real = self._real_pod(pod, shape)
         with self._lock:
             states = self.cluster.snapshot(names).states
-            ranked = self._with_gang(
-                self._scores.scores(policy, shape, names, states), real, states
-            )
+            ranked = self._with_gang(self._scored(cycle, names, states), real, states)
             top, level = rank(ranked)
             if top is not None and real is not None:
                 self._reserve(real[0], top, real[1], real[2])
@@ -279,9 +306,11 @@ class Framework:
     # -- reserve ------------------------------------------------------------------
 
     def _reserve(self, uid: str, node: str, shape: PodShape, gang: str = "") -> None:
-        """Count the pod on `node` until the watch shows its binding (cluster.assume)."""
-        if uid:
-            self.cluster.assume(uid, node, shape, gang)
+        """The reserve plug-ins, for the pod placed on `node` (assume: count it there
+        until the watch shows its binding)."""
+        if uid and self.profile.reserves:
+            for p in self.profile.reserves:
+                p.reserve(uid, node, shape, gang)
             self.metrics.assumed.inc()
 
 
@@ -293,24 +322,3 @@ def _uid(pod: Mapping[str, Any]) -> str:
 
 def _reason(r: Rejection) -> str:
     return f"gpudaemon: {r.message}"
-
-
-def _kept(
-    pending: PendingPods,
-    here: Sequence[Reservation],
-    st: NodeState | None,
-    shape: PodShape,
-    uid: str,
-    priority: int,
-    now: float,
-) -> Rejection | None:
-    """The node's room the rebalancer keeps for another pending pod (it evicted pods
-    to make it, and said so on its Lease), which this pod of no higher priority may
-    not take. `here`: the Lease's reservations on this node."""
-    held, holder = held_on(here, uid, priority, now, pending.get)
-    if not held or st is None or shape.gpus <= st.gpus_free_bound - held:
-        return None
-    return Rejection(
-        "reserved",
-        f"{held} GPU(s) kept for pending pod {holder} (gpudaemon rebalancer made room for it)",
-    )

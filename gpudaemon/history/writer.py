@@ -23,7 +23,7 @@ from typing import Literal
 from loguru import logger
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpudaemon.config import Config, redact_url
+from gpudaemon.config import AgentSettings, redact_url
 from gpudaemon.errors import ConfigError, InfluxWriteError, SpoolError, SpoolLockedError
 from gpudaemon.history.lines import lines_for
 from gpudaemon.history.spool import Spool
@@ -146,7 +146,7 @@ class InfluxWriter:
 
     def __init__(
         self,
-        cfg: Config,
+        cfg: AgentSettings,
         registry: CollectorRegistry,
         transport: Transport | None = None,
         monotonic: Callable[[], float] = time.monotonic,

@@ -128,6 +128,15 @@ class GpuStateAnnotator:
         held("memory_used_mib", used, total_mib * q.memory_band_ratio, q.memory_step_mib)
         util = s.gpu_utilization_ratio * 100 if s.gpu_utilization_ratio is not None else None
         held("utilization_pct", util, q.utilization_band_pct, q.utilization_step_pct)
+        # GPM's SM activity (Hopper+), held like utilization: tells a busy GPU from one
+        # that merely has a process. Absent without GPM.
+        sm = s.gpm.sm_active_ratio if s.gpm is not None else None
+        held(
+            "sm_active_pct",
+            sm * 100 if sm is not None else None,
+            q.utilization_band_pct,
+            q.utilization_step_pct,
+        )
         held("temperature_c", s.temperature_celsius, q.temperature_band_c, q.temperature_step_c)
         # The verdict (health/verdict.py): it changes only when a signal does (clock
         # events hold it for minutes), so it never rewrites the Node with noise.
@@ -146,7 +155,12 @@ class GpuStateAnnotator:
             return None
         track = self._tracks.get((uuid, key))
         if track is None:
-            self._tracks[(uuid, key)] = _Track(raw, raw, _round(raw, step))
+            # A reading that appears later during the GPU's warm-up (GPM's SM activity:
+            # from the second poll) takes its count, so it settles at the same reconcile
+            # as the others: one settling write per node still.
+            age = max((t.readings for (u, _), t in self._tracks.items() if u == uuid), default=1)
+            age = age if age < self.q.warmup_readings else 1
+            self._tracks[(uuid, key)] = _Track(raw, raw, _round(raw, step), age)
             return _round(raw, step)
         return track.update(raw, self.q, band, step)
 
@@ -167,6 +181,7 @@ class GpuState:
     action: str = ""
     memory_used_mib: int | None = None
     utilization_pct: int | None = None
+    sm_active_pct: int | None = None  # GPM (Hopper+); None: no GPM
     temperature_c: int | None = None
     processes: int | None = None
     mig_devices: int | None = None
@@ -183,7 +198,7 @@ class GpuState:
 
 # What the agent writes for 8 GPUs x 7 MIG devices, each held by a pod whose namespace
 # and name are as long as Kubernetes allows, every GPU unhealthy with a long reason:
-# 28.7 KiB (tests/unit/test_untrusted.py measures it; 20 KiB of it is pod names). 64 KiB
+# 29.1 KiB (tests/unit/test_untrusted.py measures it; 20 KiB of it is pod names). 64 KiB
 # is over twice that, and a quarter of the API server's 256 KiB for all annotations.
 GPUS_MAX_BYTES = 64 * 1024
 MAX_GPUS = 64
@@ -316,6 +331,7 @@ def _gpu(e: object, key: str) -> GpuState:
         action=action,
         memory_used_mib=f.integer("memory_used_mib", 0, _INT_LIMIT),
         utilization_pct=f.integer("utilization_pct", 0, 100),
+        sm_active_pct=f.integer("sm_active_pct", 0, 100),
         temperature_c=f.integer("temperature_c", -300, 1000),
         processes=f.integer("processes", 0, _INT_LIMIT),
         mig_devices=f.integer("mig_devices", 0, MAX_MIG_PER_GPU),

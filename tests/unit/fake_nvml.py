@@ -6,6 +6,7 @@ Devices are built with small builders (after GPU Feature Discovery's test style)
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -15,6 +16,21 @@ import pynvml as real
 # Reuse the real constants so the backend's comparisons are exercised as in production.
 CONSTANTS = {k: getattr(real, k) for k in dir(real) if k.startswith(("NVML_", "nvmlEventType"))}
 CONSTANTS["nvmlMemory_v2"] = real.nvmlMemory_v2
+# The real GPM metrics struct: the backend fills it as it would for libnvidia-ml.
+CONSTANTS["c_nvmlGpmMetricsGet_t"] = real.c_nvmlGpmMetricsGet_t
+
+# What an H100 under a matrix-multiply load reads, by GPM metric id (percent, MiB/s).
+GPM_VALUES: dict[int, float] = {
+    real.NVML_GPM_METRIC_SM_UTIL: 80.0,
+    real.NVML_GPM_METRIC_SM_OCCUPANCY: 40.0,
+    real.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 60.0,
+    real.NVML_GPM_METRIC_DRAM_BW_UTIL: 100.3,  # GPM's rounding can pass 100
+    real.NVML_GPM_METRIC_FP64_UTIL: 0.0,
+    real.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: 1000.0,
+    real.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: 500.0,
+    real.NVML_GPM_METRIC_PCIE_TX_PER_SEC: 10.0,
+    real.NVML_GPM_METRIC_PCIE_RX_PER_SEC: 20.0,
+}
 
 
 class NVMLError(Exception):
@@ -61,6 +77,12 @@ class FakeGpu:
     retired: tuple[list[int], list[int], int] | None = None
     nvlink_up: int = 0
     nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)
+    # GPM (Hopper+): off by default, so the older tests' call counts stay as they were.
+    # Metric values by id (a missing id is NOT_SUPPORTED per metric, as NVLink on a PCIe
+    # card); whether its GPU instances can be sampled (MIG on).
+    gpm: bool = False
+    gpm_values: dict[int, float] = field(default_factory=lambda: dict(GPM_VALUES))
+    gpm_mig: bool = True
 
     def lost(self) -> FakeGpu:
         self.is_lost = True
@@ -91,6 +113,10 @@ class FakeNvml:
         self.shutdowns = 0
         self.no_handle: set[int] = set()  # indices whose handle lookup fails
         self.identity_error: set[int] = set()  # indices whose name read fails (not lost)
+        # GPM sample buffers: address -> (filled by: (gpu, gi) or None, sequence number).
+        self.gpm_samples: dict[int, tuple[tuple[int, int | None] | None, int]] = {}
+        self._gpm_buffers: dict[int, ctypes.c_uint64] = {}
+        self._gpm_seq = 0
 
     def _gpu(self, h: Any, fn: str) -> FakeGpu:
         self.calls.append(fn)
@@ -301,3 +327,76 @@ class FakeNvml:
     def nvmlDeviceGetNvLinkErrorCounter(self, h: int, link: int, counter: int) -> int:
         g = self._gpu(h, "nvmlDeviceGetNvLinkErrorCounter")
         return g.nvlink_errors.get((link, counter), 0)
+
+    # -- GPM, with the call sequence and error codes of libnvidia-ml -----------------
+    #
+    # nvmlGpmQueryDeviceSupport: success with isSupportedDevice 0 on a GPU without GPM
+    # (before Hopper); the sample calls then fail NOT_SUPPORTED. nvmlGpmMetricsGet needs a
+    # struct of NVML_GPM_METRICS_GET_VERSION and two samples of the same device, the
+    # second taken after the first; otherwise it fails INVALID_ARGUMENT (what the backend
+    # meets with too few samples). A metric the GPU lacks fails alone, in its nvmlReturn.
+
+    def nvmlGpmQueryDeviceSupport(self, h: int) -> Any:
+        g = self._gpu(h, "nvmlGpmQueryDeviceSupport")
+        return SimpleNamespace(version=real.NVML_GPM_SUPPORT_VERSION, isSupportedDevice=int(g.gpm))
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self.calls.append("nvmlGpmSampleAlloc")
+        buf = ctypes.c_uint64(0)
+        addr = ctypes.addressof(buf)
+        self._gpm_buffers[addr] = buf
+        self.gpm_samples[addr] = (None, 0)
+        return ctypes.cast(ctypes.pointer(buf), real.c_nvmlGpmSample_t)
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        self.calls.append("nvmlGpmSampleFree")
+        addr = _address(sample)
+        if addr not in self.gpm_samples:
+            raise NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        del self.gpm_samples[addr], self._gpm_buffers[addr]
+
+    def _gpm_fill(self, sample: Any, owner: tuple[int, int | None]) -> None:
+        addr = _address(sample)
+        if addr not in self.gpm_samples:
+            raise NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        self._gpm_seq += 1
+        self.gpm_samples[addr] = (owner, self._gpm_seq)
+
+    def nvmlGpmSampleGet(self, h: int, sample: Any) -> Any:
+        g = self._gpu(h, "nvmlGpmSampleGet")
+        if not g.gpm:
+            raise NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        self._gpm_fill(sample, (h, None))
+        return sample
+
+    def nvmlGpmMigSampleGet(self, h: int, gi: int, sample: Any) -> Any:
+        g = self._gpu(h, "nvmlGpmMigSampleGet")
+        if not (g.gpm and g.gpm_mig) or g.migs is None:
+            raise NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        if gi not in {m.gi for m in g.migs}:
+            raise NVMLError(real.NVML_ERROR_NOT_FOUND)
+        self._gpm_fill(sample, (h, gi))
+        return sample
+
+    def nvmlGpmMetricsGet(self, mg: Any) -> Any:
+        self.calls.append("nvmlGpmMetricsGet")
+        if mg.version != real.NVML_GPM_METRICS_GET_VERSION:
+            raise NVMLError(real.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        first = self.gpm_samples.get(_address(mg.sample1), (None, 0))
+        second = self.gpm_samples.get(_address(mg.sample2), (None, 0))
+        if first[0] is None or first[0] != second[0] or second[1] <= first[1]:
+            raise NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        g = self.gpus[first[0][0]]
+        if g.is_lost:
+            raise NVMLError(real.NVML_ERROR_GPU_IS_LOST)
+        for k in range(mg.numMetrics):
+            m = mg.metrics[k]
+            if m.metricId in g.gpm_values:
+                m.nvmlReturn, m.value = real.NVML_SUCCESS, g.gpm_values[m.metricId]
+            else:
+                m.nvmlReturn, m.value = real.NVML_ERROR_NOT_SUPPORTED, 0.0
+        return mg
+
+
+def _address(sample: Any) -> int:
+    return ctypes.cast(sample, ctypes.c_void_p).value or 0

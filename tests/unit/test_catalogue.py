@@ -13,7 +13,16 @@ from gpudaemon import catalogue
 from gpudaemon.agent.cache import Cache
 from gpudaemon.agent.metrics.collector import GpuCollector
 from gpudaemon.history.lines import lines_for
-from gpudaemon.model import MIB, GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory, Snapshot
+from gpudaemon.model import (
+    MIB,
+    GpmReading,
+    GpuInfo,
+    GpuSample,
+    MigDevice,
+    MigSample,
+    NodeInventory,
+    Snapshot,
+)
 from tests.unit.metrics.test_collector import FULL as COLLECTOR_FULL
 
 MIG = MigDevice("MIG-a", "1g.10gb", 1, 0, 9856 * MIB)
@@ -25,7 +34,20 @@ FULL = dataclasses.replace(
     COLLECTOR_FULL,
     healthy=False,
     health_reason="xid 79",
-    mig=(MigSample("MIG-a", memory_used_bytes=7 * MIB, memory_total_bytes=9856 * MIB),),
+    mig=(
+        MigSample(
+            "MIG-a",
+            memory_used_bytes=7 * MIB,
+            memory_total_bytes=9856 * MIB,
+            gpm=GpmReading(
+                sm_active_ratio=0.3,
+                sm_occupancy_ratio=0.1,
+                tensor_active_ratio=0.2,
+                dram_active_ratio=0.15,
+                fp64_active_ratio=0.01,
+            ),
+        ),
+    ),
 )
 # Not readings: identity (tags/labels), the human-readable reason, the MIG readings
 # (checked through the MIG rows).
@@ -132,6 +154,8 @@ def test_every_reading_reaches_both_exports(field: str) -> None:
         new = {**old, 7: {"recovery": 9}}
     elif field == "clock_event_seconds_total":
         new = {**old, "hw_power_brake": 2.0}
+    elif field == "gpm":
+        new = dataclasses.replace(old, sm_active_ratio=0.9, pcie_bytes_total={"tx": 31})
     elif isinstance(old, dict):
         new = {**old, 48: 1}
     else:

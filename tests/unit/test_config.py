@@ -5,7 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from gpudaemon.config import load_config
+from gpudaemon.config import (
+    AgentSettings,
+    ExtenderSettings,
+    RebalancerSettings,
+    StatusSettings,
+    load_config,
+    load_settings,
+)
 from gpudaemon.errors import ConfigError
 
 
@@ -164,4 +171,8 @@ def test_programs_off_the_gpu_node_do_not_need_a_node_name(
     monkeypatch.setattr(socket, "gethostname", lambda: "build_box")
     with pytest.raises(ConfigError, match="not a valid Node name"):
         load_config(environ={})
-    assert load_config(environ={}, node_name_used=False).extender.listen
+    with pytest.raises(ConfigError, match="not a valid Node name"):
+        load_settings(AgentSettings, environ={})
+    assert load_settings(ExtenderSettings, environ={}).extender.listen
+    assert load_settings(RebalancerSettings, environ={}).rebalance.listen
+    assert load_settings(StatusSettings, environ={}).labels.prefix

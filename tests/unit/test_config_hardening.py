@@ -77,11 +77,17 @@ def _numeric_fields(
             yield key, ann
 
 
+# The required keys of a list's items, so that only the value under test is wrong.
+ITEM_BASE: dict[str, dict[str, Any]] = {"typical_pods": {"gpus": 1}, "score": {"name": "policy"}}
+
+
 def _override(key: tuple[str, ...], value: object) -> dict[str, Any]:
     out: Any = value
-    for part in reversed(key):
+    for i in reversed(range(len(key))):
+        part = key[i]
         if part == "0":
-            out = [{"gpus": 1, **out}] if isinstance(out, dict) else [out]
+            base = ITEM_BASE.get(key[i - 1], {})
+            out = [{**base, **out}] if isinstance(out, dict) else [out]
         else:
             out = {part: out}
     return out  # type: ignore[no-any-return]

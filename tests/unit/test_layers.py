@@ -36,9 +36,12 @@ def imported_modules(path: Path) -> set[str]:
     ],
 )
 def test_config_imports_nothing_from_the_layers_above_it(above: str) -> None:
-    mods = imported_modules(PKG / "config.py")
-    assert mods, "config.py imports nothing at all? the parser is broken"
-    assert not [m for m in mods if m == above or m.startswith(above + ".")]
+    files = sorted((PKG / "config").glob("*.py"))
+    assert len(files) >= 8, "gpudaemon/config/ not found"
+    for path in files:
+        mods = imported_modules(path)
+        assert mods, f"{path.name} imports nothing at all? the parser is broken"
+        assert not [m for m in mods if m == above or m.startswith(above + ".")], path.name
 
 
 def test_no_bench_imports_the_wiring_even_through_a_test_helper() -> None:
@@ -64,7 +67,8 @@ def test_no_bench_imports_the_wiring_even_through_a_test_helper() -> None:
     assert offenders == []
 
 
-# Shared modules at the package root: what every program may import.
+# Shared modules at the package root: what every program may import (config/ and
+# httpserver/ are packages: every module in them sits in this layer).
 ROOT = {
     "__init__", "errors", "model", "logsetup", "selector", "incluster", "textfile",
     "httpserver", "schedule", "catalogue", "config",
@@ -174,6 +178,18 @@ def test_the_check_sees_a_lazy_back_arrow(tmp_path: Path) -> None:
     f.write_text("def f():\n    from gpudaemon.extender.app import Extender\n")
     assert "gpudaemon.extender.app" in gpudaemon_imports(f)
     assert layer_of("gpudaemon.extender.app") not in ALLOWED["rebalancer"]
+
+
+@pytest.mark.parametrize("name", ["planner", "fits"])
+def test_the_rebalancers_rules_stay_pure(name: str) -> None:
+    """planner.py and fits.py decide; they never reach the API, the HTTP server, the
+    series or the wiring (app, passes, actions, state, metrics, ratelimit)."""
+    mods = imported_modules(PKG / "rebalancer" / f"{name}.py")
+    impure = ("gpudaemon.kube", "gpudaemon.httpserver", "prometheus_client", "loguru")
+    assert not [m for m in mods if m.startswith(impure)]
+    assert {m for m in mods if m.startswith("gpudaemon.rebalancer")} <= {
+        "gpudaemon.rebalancer.fits"
+    }
 
 
 @pytest.mark.parametrize(

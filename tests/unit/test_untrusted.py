@@ -18,7 +18,16 @@ from gpudaemon.labels.annotations import (
     decode_gpus,
     json_depth,
 )
-from gpudaemon.model import MIB, GpuInfo, GpuSample, MigDevice, NodeInventory, PodRef, Snapshot
+from gpudaemon.model import (
+    MIB,
+    GpmReading,
+    GpuInfo,
+    GpuSample,
+    MigDevice,
+    NodeInventory,
+    PodRef,
+    Snapshot,
+)
 
 GOOD = {"index": 0, "uuid": "GPU-0", "memory_total_mib": 81559}
 
@@ -61,6 +70,7 @@ def largest_agent_value() -> str:
             healthy=False,
             health_reason="xid 79 (GPU has fallen off the bus), sticky until reboot " * 2,
             gpu_utilization_ratio=1.0,
+            gpm=GpmReading(sm_active_ratio=1.0),
             memory_used_bytes=81559 * MIB,
             temperature_celsius=99.0,
             process_count=99,
@@ -79,7 +89,8 @@ def test_the_agents_largest_value_decodes_well_under_the_cap() -> None:
     text = largest_agent_value()
     gpus = decode_gpus(text)
     assert len(gpus) == 8 and all(not g.healthy and len(g.pods) == 1 for g in gpus)
-    # 28.7 KiB (29,361 bytes): the figure docs/security.md and the cap's comment quote.
+    assert all(g.sm_active_pct == 100 for g in gpus)
+    # 29.1 KiB (29,809 bytes, with sm_active_pct): the figure docs/security.md and the cap's comment quote.
     assert len(text.encode()) < GPUS_MAX_BYTES / 2, len(text.encode())
 
 
@@ -120,6 +131,9 @@ def _gpus(*entries: object) -> str:
         (_gpus({**GOOD, "reason": "x" * 5000}), "'reason' is empty or over"),
         (_gpus({**GOOD, "utilization_pct": 101}), "'utilization_pct' is outside"),
         (_gpus({**GOOD, "utilization_pct": 1e308}), "'utilization_pct' is not an integer"),
+        (_gpus({**GOOD, "sm_active_pct": 101}), "'sm_active_pct' is outside"),
+        (_gpus({**GOOD, "sm_active_pct": -1}), "'sm_active_pct' is outside"),
+        (_gpus({**GOOD, "sm_active_pct": "50"}), "'sm_active_pct' is not an integer"),
         (_gpus({**GOOD, "pods": "ns/p"}), "'pods' is not a list"),
         (_gpus({**GOOD, "pods": [1]}), "'pods' holds something other"),
         (_gpus({**GOOD, "pods": ["a/b"] * 17}), "'pods' has more than"),

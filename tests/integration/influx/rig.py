@@ -20,11 +20,11 @@ from tests.clock import T0 as T0
 from tests.clock import FakeClock
 
 PERIOD = 10.0
-# Fields the simulated dgx-h100 always reports, plus those the writer always adds.
-ALWAYS = {r.influx_field for r in catalogue.rows("gpu") if not r.label} | {
-    "healthy",
-    "xid_errors_total",
-}
+# Fields the simulated dgx-h100 always reports, plus those the writer always adds;
+# retired pages exist on pre-Ampere GPUs only (an H100 remaps rows instead).
+ALWAYS = {r.influx_field for r in catalogue.rows("gpu") if not r.label} - {
+    "retired_pages_pending",
+} | {"healthy", "xid_errors_total"}
 
 
 Clock = FakeClock  # the shared test clock (tests/clock.py); starts at T0

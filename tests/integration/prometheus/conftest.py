@@ -114,6 +114,10 @@ def stack(control_plane: ControlPlane) -> Iterator[Stack]:
     try:
         # Node A: faults from a profile file, the way an operator would write them.
         profile = yaml.safe_load((REPO / "gpudaemon/backends/profiles/dgx-h100.yaml").read_text())
+        # GPU 2 (the one a pod holds) sits idle: "idle but allocated" (issue 33's GPM).
+        h100 = profile["gpus"][0]
+        idle = {**h100, "count": 1, "utilization": {"pattern": "idle"}}
+        profile["gpus"] = [{**h100, "count": 2}, idle, {**h100, "count": 5}]
         profile["faults"] = [
             {"kind": "xid", "gpu": 3, "xid": 79, "after_s": 3},
             {"kind": "lost", "gpu": 5, "after_s": 3},

@@ -202,3 +202,34 @@ def test_rule_groups_evaluate_without_errors(stack: Stack) -> None:
     )  # every shipped rule is loaded, none dropped
     assert len(rules) >= 24
     assert {r["name"]: r["health"] for r in rules} == {r["name"]: "ok" for r in rules}
+
+
+GPM_SERIES = [
+    "gpudaemon_gpu_sm_active_ratio",
+    "gpudaemon_gpu_sm_occupancy_ratio",
+    "gpudaemon_gpu_tensor_active_ratio",
+    "gpudaemon_gpu_dram_active_ratio",
+    "gpudaemon_gpu_fp64_active_ratio",
+    "gpudaemon_gpu_nvlink_bytes_total",
+    "gpudaemon_gpu_pcie_bytes_total",
+]
+
+
+def test_the_h100_agent_exports_gpm_and_the_a100_agent_none(stack: Stack) -> None:
+    """Issue 33: the simulated H100 node exports every GPM series, consistent with its
+    utilization; the A100 (MIG) node exports none of them, not even as 0."""
+    for name in GPM_SERIES:
+        got = wait_for(lambda n=name: stack.query(f'{n}{{node="{NODE_A}"}}'), 40, what=name)
+        assert {r["metric"]["gpu"] for r in got} >= {"0", "1", "2"}, name
+        assert not stack.query(f'{name}{{node="{NODE_B}"}}'), f"{name} on the A100 node"
+    assert not stack.query(f'{{__name__=~"gpudaemon_mig_.*_ratio", node="{NODE_B}"}}')
+    # SM activity never above utilization, tensor within SM activity (same poll).
+    assert not stack.query(
+        "gpudaemon_gpu_sm_active_ratio > on (node, uuid) gpudaemon_gpu_utilization_ratio"
+    )
+    assert not stack.query(
+        "gpudaemon_gpu_tensor_active_ratio > on (node, uuid) gpudaemon_gpu_sm_active_ratio"
+    )
+    # The idle GPU a pod holds is the one "idle but allocated" finds.
+    idle = stack.query('gpudaemon_gpu_sm_active_ratio{pod!=""} < 0.05')
+    assert [(r["metric"]["node"], r["metric"]["gpu"]) for r in idle] == [(NODE_A, "2")]

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.integration
 
 RULES = REPO / "deploy/prometheus/gpudaemon-rules.yaml"
 MANIFEST = REPO / "deploy/prometheus/gpudaemon-prometheusrule.yaml"
+OPTIONAL = REPO / "deploy/prometheus/gpudaemon-optional-rules.yaml"
 TESTS = sorted((Path(__file__).parent / "rules").glob("*.test.yaml"))
 
 
@@ -46,8 +47,23 @@ def test_prometheusrule_manifest_matches_the_rule_file() -> None:
     assert manifest["spec"] == yaml.safe_load(RULES.read_text())
 
 
+def test_optional_rules_check_and_stay_out_of_the_default_manifest(promtool: str) -> None:
+    proc = subprocess.run(
+        [promtool, "check", "rules", str(OPTIONAL)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and "SUCCESS: 1 rules found" in proc.stdout, proc.stdout
+    optional = {g["name"] for g in yaml.safe_load(OPTIONAL.read_text())["groups"]}
+    shipped = {g["name"] for g in yaml.safe_load(MANIFEST.read_text())["spec"]["groups"]}
+    assert optional and not optional & shipped  # off by default
+
+
 def test_every_alert_is_covered_by_a_promtool_test() -> None:
-    alerts = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
+    alerts = {
+        r["alert"]
+        for f in (RULES, OPTIONAL)
+        for g in yaml.safe_load(f.read_text())["groups"]
+        for r in g["rules"]
+    }
     tested = {
         t["alertname"]
         for f in TESTS

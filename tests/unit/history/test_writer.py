@@ -108,10 +108,15 @@ def test_one_point_per_gpu_with_tags_fields_and_the_sample_time(tmp_path: Path) 
     assert head.startswith("gpu,gpu=3,model=NVIDIA\\ H100\\ 80GB\\ HBM3,node=node-a,uuid=GPU-")
     assert int(ts) == round(snap.samples_at * 1000)
     names = {f.split("=")[0] for f in fields.split(",")}
-    # Page retirement is for GPUs before Ampere: absent on an H100, not 0.
+    # Page retirement is for GPUs before Ampere: absent on an H100, not 0; GPM needs a
+    # second poll (a pair of samples): absent on the first, not 0.
+    gpm = {"sm_active_ratio", "sm_occupancy_ratio", "tensor_active_ratio"}
+    gpm |= {"dram_active_ratio", "fp64_active_ratio"}
     assert {r.influx_field for r in catalogue.rows("gpu") if not r.label} - {
-        "retired_pages_pending"
+        "retired_pages_pending",
+        *gpm,
     } <= names
+    assert not gpm & names
     assert "retired_pages_pending" not in names and "row_remap_pending" in names
     assert {"healthy", "xid_errors_total"} <= names
     assert "memory_used_bytes=" in fields and fields.split("memory_used_bytes=")[1][0].isdigit()

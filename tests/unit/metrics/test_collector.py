@@ -11,6 +11,7 @@ from gpudaemon.agent.metrics.collector import GpuCollector, ReadingAgeCollector
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
 from gpudaemon.model import (
     MIB,
+    GpmReading,
     GpuInfo,
     GpuSample,
     MigDevice,
@@ -89,6 +90,15 @@ FULL = GpuSample(
     nvlink_errors_total={0: {"crc_flit": 4, "replay": 1}, 3: {"crc_data": 2}},
     clock_events_active=frozenset({"hw_slowdown"}),
     clock_event_seconds_total={"hw_thermal": 1.5, "sw_thermal": 0.25},
+    gpm=GpmReading(
+        sm_active_ratio=0.4,
+        sm_occupancy_ratio=0.2,
+        tensor_active_ratio=0.3,
+        dram_active_ratio=0.25,
+        fp64_active_ratio=0.01,
+        nvlink_bytes_total={"tx": 1000, "rx": 900},
+        pcie_bytes_total={"tx": 30, "rx": 40},
+    ),
 )
 
 

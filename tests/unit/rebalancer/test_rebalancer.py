@@ -11,7 +11,8 @@ from prometheus_client import CollectorRegistry
 
 from gpudaemon.config import Config
 from gpudaemon.errors import KubeUnavailableError
-from gpudaemon.rebalancer.app import RateLimit, Rebalancer
+from gpudaemon.rebalancer.app import Rebalancer
+from gpudaemon.rebalancer.ratelimit import RateLimit
 from gpudaemon.selector import selector_matcher
 from tests.clock import FakeClock
 from tests.unit.extender.test_cluster import lease_obj
@@ -94,8 +95,8 @@ def rig(apply: bool = False, kube: FakeKube | None = None, clock: FakeClock | No
 
 def load(rb: Rebalancer, clock: FakeClock, nodes: list[dict[str, Any]],
          running: list[dict[str, Any]], pending: list[dict[str, Any]] = ()) -> None:  # type: ignore[assignment]  # fmt: skip
-    rb._nodes_replace(nodes)
-    rb._pods_replace(running)
+    rb.cluster.replace_nodes(nodes)
+    rb.cluster.replace_pods(running)
     rb._pending_replace(list(pending))
     rb.cluster.replace_leases(
         [lease_obj(n["metadata"]["name"], clock(), 300, n["metadata"]["uid"]) for n in nodes]
@@ -137,7 +138,7 @@ def test_apply_evicts_and_a_pdb_refusal_is_counted_and_retried() -> None:
     assert metric(rb, "gpudaemon_rebalancer_blocked_pods") == 1
     assert "RebalanceEvicted" in kube.reasons() and "RebalanceRefused" in kube.reasons()
     kube.refuse.clear()  # the budget allows it now: the next pass evicts
-    rb._pod_event("MODIFIED", {**pod("a", "n1"), "metadata": {
+    rb.cluster.pod_event("MODIFIED", {**pod("a", "n1"), "metadata": {
         **pod("a", "n1")["metadata"], "deletionTimestamp": "2026-11-25T00:00:00Z"}})  # fmt: skip
     rb.run_pass()
     assert kube.evictions == [("ml/a", False), ("ml/b", False)]  # a, going, not again
@@ -285,7 +286,7 @@ def test_unreadable_state_on_the_lease_is_ignored() -> None:
             "gpudaemon.io/rebalancer-state"
         ] = junk
         rb, _, _ = rig(apply=True, kube=kube, clock=clock, grace_s=0)  # a restart reads it
-        assert rb.limits.room("n1") == (10, 8) and rb._unhealthy_since == {}
+        assert rb.limits.room("n1") == (10, 8) and rb.state.unhealthy_since == {}
 
 
 def test_state_from_a_clock_running_ahead_holds_for_a_minute_at_most() -> None:
@@ -296,6 +297,6 @@ def test_state_from_a_clock_running_ahead_holds_for_a_minute_at_most() -> None:
     ] = json.dumps({"evictions": [[ahead, "n1"]] * 3, "unhealthy_since": {"n1/GPU-n1-0": ahead}})
     rb, _, _ = rig(apply=True, kube=kube, clock=clock, grace_s=0, max_evictions_per_node=2)
     assert rb.limits.room("n1")[1] < 0  # counted as just now
-    assert rb._unhealthy_since[("n1", "GPU-n1-0")] <= clock()
+    assert rb.state.unhealthy_since[("n1", "GPU-n1-0")] <= clock()
     clock.advance(60)
     assert rb.limits.room("n1") == (10, 2)

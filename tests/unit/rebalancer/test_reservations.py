@@ -125,7 +125,7 @@ def test_at_most_max_reservations_live() -> None:
     other = pod("other", gpus=8, unschedulable=True)
     rb, kube, clock = rig(apply=True, max_reservations=1)
     load(rb, clock, NODES, RUNNING, [BIG, other])
-    rb._reserve(rb.pending["uid-other"], "n4")  # a room already kept
+    rb.passes.reserve(rb.pending["uid-other"], "n4")  # a room already kept
     rb.run_pass()
     assert [k for k, dry in kube.evictions if not dry] == []
     assert metric(rb, "gpudaemon_rebalancer_skipped_total", kind="defrag",

@@ -13,7 +13,8 @@ import pytest
 from gpudaemon.cluster.state import NodeState
 from gpudaemon.config import Config
 from gpudaemon.errors import ConfigError
-from gpudaemon.rebalancer.app import MAX_BACKOFF_PODS, ROOM_BACKOFF_S, Rebalancer
+from gpudaemon.rebalancer.app import Rebalancer
+from gpudaemon.rebalancer.passes import MAX_BACKOFF_PODS, ROOM_BACKOFF_S
 from gpudaemon.rebalancer.planner import Placer, defragment
 from tests.unit.rebalancer.test_planner import BINPACK, cluster, facts, fresh, nf
 from tests.unit.rebalancer.test_planner import pod as pfacts
@@ -166,11 +167,11 @@ def test_a_pod_still_unschedulable_after_its_room_backs_off_exponentially() -> N
     # A pod no longer pending is forgotten; the map never exceeds its bound.
     rb._pending_replace([])
     rb.run_pass()
-    assert rb._made_room_for == {} and rb._room_tries == {}
+    assert rb.passes.made_room_for == {} and rb.passes.room_tries == {}
     for i in range(MAX_BACKOFF_PODS + 5):
-        rb._made_room_for[f"u{i}"] = float(i)
-    rb._forget_rooms({f"u{i}" for i in range(MAX_BACKOFF_PODS + 5)})
-    assert len(rb._made_room_for) == MAX_BACKOFF_PODS and "u0" not in rb._made_room_for
+        rb.passes.made_room_for[f"u{i}"] = float(i)
+    rb.passes.forget_rooms({f"u{i}" for i in range(MAX_BACKOFF_PODS + 5)})
+    assert len(rb.passes.made_room_for) == MAX_BACKOFF_PODS and "u0" not in rb.passes.made_room_for
 
 
 # -- the planner on its own ----------------------------------------------------------------

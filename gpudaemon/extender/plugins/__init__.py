@@ -1,0 +1,61 @@
+"""The extender's filter, score and reserve plug-ins: one module each, registered by
+name (base.py has the interfaces and the registry).
+
+Every module in this package is imported here, so a new plug-in file registers itself
+with no other edit; `extender.plugins` in the config enables it by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from gpudaemon.extender.plugins.base import (
+    KINDS,
+    MAX_NODE_SCORE,
+    Cycle,
+    FilterPlugin,
+    Handle,
+    NodeCheck,
+    NodeFilter,
+    NodeScore,
+    PluginSpec,
+    Profile,
+    ReservePlugin,
+    ScorePlugin,
+    UnknownPluginError,
+    build_profile,
+    check_plugins,
+    known_plugins,
+    per_node,
+    plugin_spec,
+    register,
+    unregister,
+)
+
+for _mod in pkgutil.iter_modules(__path__):
+    if _mod.name != "base":
+        importlib.import_module(f"{__name__}.{_mod.name}")
+
+__all__ = [
+    "KINDS",
+    "MAX_NODE_SCORE",
+    "Cycle",
+    "FilterPlugin",
+    "Handle",
+    "NodeCheck",
+    "NodeFilter",
+    "NodeScore",
+    "PluginSpec",
+    "Profile",
+    "ReservePlugin",
+    "ScorePlugin",
+    "UnknownPluginError",
+    "build_profile",
+    "check_plugins",
+    "known_plugins",
+    "per_node",
+    "plugin_spec",
+    "register",
+    "unregister",
+]

@@ -1,0 +1,45 @@
+"""Filter `gpu_fit`: room for the pod's whole GPUs and MIG devices, counting bound
+pods only (kube-scheduler's own filter, which ran first, counts its in-flight pods)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gpudaemon.cluster.checks import Rejection, gpu_fit
+from gpudaemon.cluster.state import NodeState
+from gpudaemon.extender.plugins.base import Cycle, Handle, NodeFilter, PluginSpec, register
+
+
+class GpuFit:
+    name = "gpu_fit"
+
+    def prepare(self, cycle: Cycle) -> NodeFilter | None:
+        shape = cycle.shape
+        gpus, mig = shape.gpus, shape.mig
+
+        def fitting(
+            names: list[str],
+            states: Mapping[str, NodeState | None],
+            fresh: Mapping[str, bool],
+            failed: dict[str, Rejection],
+        ) -> list[str]:
+            out = []
+            for n in names:
+                st = states[n]
+                # What gpu_fit passes, read inline for whole-GPU pods; it names the rest.
+                if (not mig and st is not None and gpus <= st.gpus_free_bound) or (
+                    why := gpu_fit(st, shape)
+                ) is None:
+                    out.append(n)
+                else:
+                    failed[n] = why
+            return out
+
+        return fitting
+
+
+def _new(handle: Handle) -> GpuFit:
+    return GpuFit()
+
+
+register(PluginSpec("gpu_fit", "filter", _new, "free whole GPUs and MIG devices for the pod"))
