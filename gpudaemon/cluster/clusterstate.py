@@ -44,6 +44,9 @@ __all__ = ["AssumeCache", "ClusterState", "NodeListener", "Snapshot", "Views"]
 class Snapshot:
     states: dict[str, NodeState | None]
     fresh: dict[str, bool]
+    # Nodes with a free degraded GPU (of all nodes, not only those named): when none,
+    # ranking skips the healthy-GPU preference entirely.
+    degraded: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +100,7 @@ class ClusterState:
         self._node_view, self._pod_view = node_view, pod_view
         self._node_views: dict[str, Any] = {}  # by node name: readable nodes only
         self._pod_views: dict[str, Any] = {}  # by pod UID: bound, non-terminal only
+        self._degraded: set[str] = set()  # nodes with gpus_degraded_free > 0
 
     @property
     def bad_values(self) -> dict[str, int]:
@@ -125,6 +129,7 @@ class ClusterState:
             self._node_views.clear()
             self._states.clear()
             self._bad.reasons.clear()
+            self._degraded.clear()
             for obj in items:
                 self._put_node(obj)
             for name in gone - set(self._nodes):
@@ -142,6 +147,7 @@ class ClusterState:
                 self._node_views.pop(name, None)
                 self._states.pop(name, None)
                 self._bad.forget(name)
+                self._degraded.discard(name)
                 for listener in self._node_listeners:
                     listener.forget_node(name)
             else:
@@ -174,6 +180,10 @@ class ClusterState:
             self._bad.note_good(name)
             self._put_view(self._node_view, self._node_views, name, obj)
         self._nodes[name] = st
+        if st.gpus_degraded_free:
+            self._degraded.add(name)
+        else:
+            self._degraded.discard(name)
         self._node_uids[name] = str(meta.get("uid", ""))
         self._states.pop(name, None)
         for listener in self._node_listeners:
@@ -327,7 +337,8 @@ class ClusterState:
         request judges one consistent cluster (not states from before an event and
         freshness from after it)."""
         with self._lock:
-            return Snapshot(self.states(names), self.freshness(names))
+            degraded = frozenset(self._degraded) if self._degraded else frozenset()
+            return Snapshot(self.states(names), self.freshness(names), degraded)
 
     def freshness(self, names: Iterable[str]) -> dict[str, bool]:
         """`fresh` for many nodes under one lock (the per-request path)."""

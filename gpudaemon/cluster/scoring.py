@@ -126,6 +126,52 @@ def gang_scores(
     return out
 
 
+# Any pod's score when some node has a free degraded GPU: (the node can give the pod
+# enough free GPUs that are not degraded, its score as before). Compared first, as the
+# gang tiers are, and for the same reason: a preference that must win whatever the
+# policies' spread (issue 30).
+HealthScore = tuple[bool, Any]
+
+
+def prefer_healthy(
+    ranked: Mapping[str, Score],
+    states: Mapping[str, NodeState | None],
+    degraded: Collection[str],
+    gpus: int,
+) -> Mapping[str, Any]:
+    """A node that can give the pod `gpus` free GPUs that are not degraded ranks above
+    one that would have to use a degraded GPU; within each group, the order of `ranked`
+    (the policy's, or a gang's tiers). `degraded`: the nodes with a free degraded GPU.
+    When none of them has to be demoted (or the pod wants no whole GPU), `ranked` comes
+    back unchanged: the same answers as without this, at the cost of one lookup per
+    degraded node.
+
+    A policy's raw scores (floats) are not made tuples: the few demoted nodes are moved
+    below the lowest score, keeping their order (x - lo is monotonic), so the other
+    nodes keep their exact values and ranking compares floats, not 5,000 tuples. A
+    gang's tuples get the tier in front (`HealthScore`)."""
+    if gpus <= 0 or not degraded:
+        return ranked
+    demoted = [
+        n
+        for n in degraded
+        if n in ranked and (st := states.get(n)) is not None and not st.clean_fit(gpus)
+    ]
+    if not demoted:
+        return ranked
+    if isinstance(ranked[demoted[0]], tuple):
+        low = set(demoted)
+        return {n: (n not in low, v) for n, v in ranked.items()}
+    values: list[float] = list(ranked.values())  # type: ignore[arg-type]
+    lo, hi = min(values), max(values)
+    gap = max(1.0, abs(lo) * 1e-9)  # 1 would vanish below a huge score
+    below = lo - gap - (hi - lo)  # every demoted score lands in [below, lo - gap]
+    out: dict[str, float] = dict(ranked)  # type: ignore[arg-type]
+    for n in demoted:
+        out[n] = below + (out[n] - lo)
+    return out
+
+
 class Scorer(Protocol):
     """What the memo scores with: a policy, or any score plug-in's scorer (only the
     order of raw scores matters; `scores_version` moves when the same node and pod may
@@ -206,6 +252,7 @@ __all__ = [
     "MAX_SCORE",
     "Gang",
     "GangScore",
+    "HealthScore",
     "Rejection",
     "ScoreMemo",
     "Scorer",
@@ -213,6 +260,7 @@ __all__ = [
     "best_nodes",
     "check_node",
     "gang_scores",
+    "prefer_healthy",
     "rank",
     "to_levels",
 ]

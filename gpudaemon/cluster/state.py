@@ -75,6 +75,12 @@ class NodeState:
     # Why the agent's labels or annotation could not be read ("" when they could): such
     # a node has no data, is never fresh, and /filter says so (issue 28).
     bad_data: str = ""
+    # Degraded GPUs (the agent's verdict: schedulable, but watched) that no pod holds,
+    # by the `gpus` annotation's per-GPU state and holders (issue 30). They are among
+    # `gpus_free`; ranking prefers a node whose other free GPUs are enough for the pod.
+    # A degraded GPU whose holders the agent cannot tell counts as free: at worst the
+    # node ranks as if the pod might get that GPU.
+    gpus_degraded_free: int = 0
     # Healthy free GPUs. An unhealthy GPU may be one a pod holds or a free one;
     # counting it as free would overcommit a dead device, so it is subtracted.
     gpus_free: int = field(init=False, compare=False)
@@ -114,6 +120,10 @@ class NodeState:
             and (pod.gpu_models is None or self.gpu_model in pod.gpu_models)
             and all(n <= self.mig_free.get(p, 0) for p, n in pod.mig)
         )
+
+    def clean_fit(self, gpus: int) -> bool:
+        """Enough free GPUs that are not degraded for `gpus` (see `gpus_degraded_free`)."""
+        return self.gpus_free - self.gpus_degraded_free >= gpus
 
     @property
     def mig_free_total(self) -> int:

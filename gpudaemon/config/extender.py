@@ -112,6 +112,10 @@ class ExtenderConfig(_Section):
     # A node with a lost or XID-failed GPU takes no new GPU pods: it will likely be
     # drained and rebooted, and a pod landing there now would be killed with it.
     avoid_unhealthy_nodes: Switch = True
+    # A node that can give a new pod enough free GPUs that are not degraded (the agent's
+    # verdict: clock slowdowns, growing remaps, NVLink errors) ranks above one that
+    # would have to use a degraded GPU, before any policy or plug-in order (issue 30).
+    prefer_healthy_gpus: Switch = True
     # How long a pod ranked best for a node is counted there before its binding shows
     # up in the watch. Longer than any bind; short enough that a pod that went elsewhere
     # unseen does not hide capacity for long.

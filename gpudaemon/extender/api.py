@@ -97,6 +97,7 @@ class ExtenderApi:
         ready: Readiness,
         *,
         avoid_unhealthy: bool = True,
+        prefer_healthy_gpus: bool = True,
         candidates: int = 0,
         observe: Callable[[str, PodShape], None] | None = None,
         verifier: PodVerifier | None = None,
@@ -112,6 +113,7 @@ class ExtenderApi:
             self.metrics,
             lambda: self.ready(),  # read at each request: the wiring may swap it
             avoid_unhealthy=avoid_unhealthy,
+            prefer_healthy_gpus=prefer_healthy_gpus,
             candidates=candidates,
             observe=observe,
             verifier=verifier,

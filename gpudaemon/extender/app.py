@@ -135,6 +135,7 @@ class Extender:
             self.registry,
             self.ready,
             avoid_unhealthy=ext.avoid_unhealthy_nodes,
+            prefer_healthy_gpus=ext.prefer_healthy_gpus,
             candidates=ext.candidates,
             verifier=self.verifier,
             reservations=self.reservations,

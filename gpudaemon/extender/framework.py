@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudaemon.cluster.clusterstate import ClusterState
+from gpudaemon.cluster.clusterstate import ClusterState, Snapshot
 from gpudaemon.cluster.podspec import POLICY_ANNOTATION, pod_gang, pod_policy, pod_shape
 from gpudaemon.cluster.policies.base import Policy, UnknownPolicyError
 from gpudaemon.cluster.reservations import LeaseReservations
@@ -33,6 +33,7 @@ from gpudaemon.cluster.scoring import (
     Scorer,
     best_nodes,
     gang_scores,
+    prefer_healthy,
     rank,
 )
 from gpudaemon.cluster.state import NodeState, PodShape
@@ -75,6 +76,7 @@ class Framework:
         ready: Readiness,
         *,
         avoid_unhealthy: bool = True,
+        prefer_healthy_gpus: bool = True,
         candidates: int = 0,
         observe: Callable[[str, PodShape], None] | None = None,
         verifier: PodVerifier | None = None,
@@ -89,6 +91,7 @@ class Framework:
         self.metrics = metrics
         self.ready = ready
         self.avoid_unhealthy = avoid_unhealthy
+        self.prefer_healthy_gpus = prefer_healthy_gpus
         self.candidates = candidates
         self.observe = observe
         # None trusts the body's pod (in-process tests and benchmarks only): the
@@ -211,6 +214,22 @@ class Framework:
         )
         return gang_scores(raw, states, Gang(held, products, remaining, shape.gpus))
 
+    def _ranked(
+        self,
+        raw: dict[str, float],
+        real: tuple[str, PodShape, str] | None,
+        snap: Snapshot,
+        shape: PodShape,
+    ) -> Mapping[str, Any]:
+        """What the nodes are ranked by: the gang's tiers (`_with_gang`), and before
+        them the healthy-GPU preference (scoring.prefer_healthy), which changes nothing
+        while no ranked node has a free degraded GPU."""
+        ranked = self._with_gang(raw, real, snap.states)
+        if self.prefer_healthy_gpus and snap.degraded:
+            gpus = real[1].gpus if real is not None else shape.gpus
+            return prefer_healthy(ranked, snap.states, snap.degraded, gpus)
+        return ranked
+
     def _require_ready(self) -> None:
         ready, why = self.ready()
         if not ready:
@@ -256,7 +275,7 @@ class Framework:
                 raw = self._scored(cycle, passed, states) if self._scorers(cycle) else {}
                 if raw:  # none scorable (our CPU/memory view says no node fits, the
                     # scheduler's says some do): leave the choice to the scheduler
-                    keep = best_nodes(self._with_gang(raw, real, states), self.candidates)
+                    keep = best_nodes(self._ranked(raw, real, snap, shape), self.candidates)
                     if len(keep) < self.candidates:  # fill up with the unscored ones
                         keep += [n for n in passed if n not in raw][: self.candidates - len(keep)]
                     removed["outranked"] += len(passed) - len(keep)
@@ -292,16 +311,13 @@ class Framework:
         self._require_ready()
         real = self._real_pod(pod, shape)
         with self._lock:
-            states = self.cluster.snapshot(names).states
-            ranked = self._with_gang(self._scored(cycle, names, states), real, states)
+            snap = self.cluster.snapshot(names)
+            ranked = self._ranked(self._scored(cycle, names, snap.states), real, snap, shape)
             top, level = rank(ranked)
             if top is not None and real is not None:
                 self._reserve(real[0], top, real[1], real[2])
         get = ranked.get
-        return [
-            (n, MAX_SCORE if n == top else level.get(get(n), 0))  # type: ignore[arg-type]
-            for n in names
-        ]
+        return [(n, MAX_SCORE if n == top else level.get(get(n), 0)) for n in names]
 
     # -- reserve ------------------------------------------------------------------
 

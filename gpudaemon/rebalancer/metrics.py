@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gpudaemon.rebalancer.planner import DRAIN_ACTIONS, Decision
+
 RESULTS = ("planned", "done", "refused_pdb", "failed")
 SKIPS = ("bare_pod", "stale", "rate_limited", "refused_pdb", "api_error", "max_reservations")
 # Why no room is made for a pending pod at all (kind "defrag" only).
@@ -34,6 +36,13 @@ class RebalancerMetrics:
             "namespace (not in rebalance.namespaces), scheduler (another scheduler's pod), "
             "backoff (its room was made and it still did not schedule).",
             ["kind", "reason"],
+            registry=registry,
+        )
+        self.drains = Counter(
+            "gpudaemon_rebalancer_drain_evictions",
+            "Drain evictions by the GPU's action (drain, reset_gpu, reboot_node, replace) "
+            "and result (as gpudaemon_rebalancer_evictions_total's).",
+            ["action", "result"],
             registry=registry,
         )
         self.blocked = Gauge(
@@ -69,3 +78,11 @@ class RebalancerMetrics:
                 self.skipped.labels(kind, s)
         for s in DEFRAG_SKIPS:
             self.skipped.labels("defrag", s)
+        for a in DRAIN_ACTIONS:
+            for r in RESULTS:
+                self.drains.labels(a, r)
+
+    def evicted(self, d: Decision, result: str) -> None:
+        self.evictions.labels(d.kind, result).inc()
+        if d.action:
+            self.drains.labels(d.action, result).inc()

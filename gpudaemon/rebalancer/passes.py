@@ -219,7 +219,7 @@ class Pass:
         if self.rb.dry_run:
             msg = f"dry run: would evict: {d.message}"
             if self.actions.event(pod, "RebalanceWouldEvict", msg, dedupe="would"):
-                self.metrics.evictions.labels(d.kind, "planned").inc()  # once per pod
+                self.metrics.evicted(d, "planned")  # once per pod
                 logger.info("rebalancer (dry run): would evict {}: {}", pod.key, d.message)
             return True
         if not allowed:
@@ -237,14 +237,14 @@ class Pass:
         except KubeError as e:
             self.limits.forget(pod.node)  # not evicted: it does not count
             if e.status == 429:
-                self.metrics.evictions.labels(d.kind, "refused_pdb").inc()
+                self.metrics.evicted(d, "refused_pdb")
                 msg = f"{d.message}; a PodDisruptionBudget does not allow it now, retried later"
                 self.actions.event(pod, "RebalanceRefused", msg, warning=True, dedupe="pdb")
             else:
-                self.metrics.evictions.labels(d.kind, "failed").inc()
+                self.metrics.evicted(d, "failed")
                 logger.warning("rebalancer: evicting {} failed: {}", pod.key, e)
             return False
-        self.metrics.evictions.labels(d.kind, "done").inc()
+        self.metrics.evicted(d, "done")
         logger.info("rebalancer: evicted {}: {}", pod.key, d.message)
         self.actions.event(pod, "RebalanceEvicted", d.message)
         return True

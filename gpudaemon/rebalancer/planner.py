@@ -1,8 +1,10 @@
 """What the rebalancer would evict, and why: pure functions of the cluster as the
 extender sees it (its `NodeState`s, free-GPU count and policies) and of the pods.
 
-- **drain**: pods holding a GPU the agent reports unhealthy, once it has been so for
-  the grace period, on nodes whose agent data is fresh;
+- **drain**: pods holding a GPU whose verdict's action needs it (`drain`, `reset_gpu`,
+  `reboot_node`: every GPU pod of the node, `replace`; an older agent's unhealthy GPU:
+  `drain`), once it has been so for the grace period, on nodes whose agent data is
+  fresh; never for `watch` (a degraded GPU);
 - **defragment**: for a pending GPU pod that fits on no node, the fewest evictions on
   one node that make it fit, where every evicted pod fits on another node now (placed
   by the extender's own policy, one after the other). All or nothing, as KAI-Scheduler's
@@ -22,6 +24,7 @@ from gpudaemon.cluster.policies.base import Policy
 from gpudaemon.cluster.scoring import check_node
 from gpudaemon.cluster.selectors import unschedulable_since
 from gpudaemon.cluster.state import NodeState, PodShape
+from gpudaemon.labels.annotations import GpuState
 from gpudaemon.rebalancer.fits import (
     NodeFit,
     PodFit,
@@ -118,6 +121,39 @@ def may_land(pod: PodFacts, facts: NodeFacts | None) -> bool:
 
 # -- drain ----------------------------------------------------------------------------
 
+# The verdict's actions (health/verdict.py ACTIONS) that take the GPU's pods off it: the
+# GPU is about to be reset, rebooted with its node, or replaced, or its peer-to-peer
+# traffic must stop. `none` and `watch` (a degraded GPU) leave its pods alone.
+DRAIN_ACTIONS = ("drain", "reset_gpu", "reboot_node", "replace")
+NO_DRAIN_ACTIONS = ("none", "watch")
+
+
+def drain_action(g: GpuState) -> str:
+    """The action the GPU's pods are drained for, "" for none. An older agent writes no
+    action: its unhealthy GPU is drained as before (`drain`); so is an unhealthy GPU
+    whose action is newer than this table (whatever it is, the GPU is not usable)."""
+    if g.action in DRAIN_ACTIONS:
+        return g.action
+    if not g.healthy and g.action not in NO_DRAIN_ACTIONS:
+        return "drain"
+    return ""
+
+
+@dataclass(frozen=True)
+class SickGpu:
+    """A GPU whose action needs its pods off it, as `drain` judges it."""
+
+    node: str
+    index: int
+    action: str  # one of DRAIN_ACTIONS
+    reason: str  # the verdict's reason ("xid 79", "row remap pending")
+    for_s: float  # seconds its action has needed a drain
+    holders: Sequence[str] = ()  # "ns/name" from the agent's annotation
+
+    @staticmethod
+    def of(node: str, g: GpuState, for_s: float) -> SickGpu:
+        return SickGpu(node, g.index, drain_action(g), g.reason or g.state, for_s, g.pods)
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -128,37 +164,52 @@ class Decision:
     reason: str  # evict: "unhealthy_gpu", "make_room"; skip: "bare_pod", "stale", ...
     message: str
     evict: bool
+    action: str = ""  # drain: the GPU's action (a metric label); "" for defrag
 
 
 def drain(
-    sick: Iterable[tuple[str, int, str, float, Sequence[str]]],
+    sick: Iterable[SickGpu],
     pods: Mapping[str, PodFacts],
     fresh: Mapping[str, bool],
     grace_s: float,
 ) -> list[Decision]:
-    """`sick`: (node, GPU index, reason, seconds unhealthy, holders "ns/name") per GPU the
-    agent reports unhealthy. Pods on stale nodes and before the grace period are left."""
+    """`sick`: every GPU whose action needs a drain (`SickGpu.of`). Its holders go, and
+    for `reboot_node` every pod of the node that asks for GPUs (the reboot takes them
+    all, and the agent's holders may not list each). Pods on stale nodes and before the
+    grace period are left; a pod is judged once, for the first GPU that names it."""
     out: list[Decision] = []
     seen: set[str] = set()
-    for node, index, why, for_s, holders in sick:
+    by_node: dict[str, list[str]] | None = None
+    for gpu in sick:
+        node, action = gpu.node, gpu.action
+        holders: Iterable[str] = gpu.holders
+        if action == "reboot_node":
+            if by_node is None:
+                by_node = {}
+                for key, p in pods.items():
+                    if p.shape.wants_gpus:
+                        by_node.setdefault(p.node, []).append(key)
+            holders = [*gpu.holders, *sorted(by_node.get(node, ()))]
         for key in holders:
             pod = pods.get(key)
             if pod is None or key in seen or pod.node != node or pod.terminating:
                 continue  # gone, judged, going, or the annotation is older than the move
             seen.add(key)
-            gpu = f"GPU {index} on {node} is unhealthy ({why})"
+            what = f"GPU {gpu.index} on {node} needs {action} ({gpu.reason})"
+            if action == "reboot_node":
+                what += ": every GPU pod of the node goes"
             if not fresh.get(node, False):
-                out.append(
-                    Decision(pod, "drain", "stale", f"{gpu}, but the agent data is stale", False)
-                )
-            elif for_s < grace_s:
+                msg = f"{what}, but the agent data is stale"
+                out.append(Decision(pod, "drain", "stale", msg, False, action))
+            elif gpu.for_s < grace_s:
                 continue  # not yet: no event for every pass of the grace period
             elif not pod.owned:
-                msg = f"{gpu}; not evicted: a bare pod (no controller would re-create it)"
-                out.append(Decision(pod, "drain", "bare_pod", msg, False))
+                msg = f"{what}; not evicted: a bare pod (no controller would re-create it)"
+                out.append(Decision(pod, "drain", "bare_pod", msg, False, action))
             else:
-                msg = f"{gpu} for {for_s:.0f} s; evicting so its controller re-creates it elsewhere"
-                out.append(Decision(pod, "drain", "unhealthy_gpu", msg, True))
+                msg = (f"{what}, for {gpu.for_s:.0f} s; evicting so its controller re-creates it"
+                       " elsewhere")  # fmt: skip
+                out.append(Decision(pod, "drain", "unhealthy_gpu", msg, True, action))
     return out
 
 

@@ -22,11 +22,10 @@ from gpudaemon.cluster.reservations import (
     encode,
 )
 from gpudaemon.labels.annotations import GpuState
+from gpudaemon.rebalancer.planner import SickGpu, drain_action
 from gpudaemon.rebalancer.ratelimit import RateLimit
 
 STATE_ANNOTATION = "gpudaemon.io/rebalancer-state"
-# (node, GPU index, reason, seconds unhealthy, holders "ns/name"): what `drain` takes.
-SickGpu = tuple[str, int, str, float, Sequence[str]]
 MAX_SAVED_SICK_GPUS = 2000  # keeps the annotation far below the 256 KiB object limit
 
 
@@ -78,21 +77,21 @@ class LeaseState:
                     len(self.unhealthy_since))  # fmt: skip
 
     def sick_gpus(self, gpu_states: Mapping[str, Sequence[GpuState]]) -> list[SickGpu]:
-        """(node, GPU index, reason, seconds unhealthy, holders) per GPU the agents
-        report unhealthy, each timed from when it was first seen so (this leader or the
-        one before: the clocks ride on the Lease). A GPU healthy again, or gone, starts
-        its grace over."""
+        """Each GPU whose action needs its pods off it (drain, reset_gpu, reboot_node,
+        replace; an older agent's unhealthy GPU: drain), timed from when it was first
+        seen so (this leader or the one before: the clocks ride on the Lease). A GPU
+        healthy or degraded again, or gone, starts its grace over."""
         now = self.wall()
         sick: list[SickGpu] = []
         seen: set[tuple[str, str]] = set()
         for node, gpus in gpu_states.items():
             for g in gpus:
-                if g.healthy:
+                if not drain_action(g):  # healthy, degraded (watch): left alone
                     continue
                 key = (node, g.uuid)
                 seen.add(key)
                 since = self.unhealthy_since.setdefault(key, now)
-                sick.append((node, g.index, g.reason or "unhealthy", now - since, g.pods))
+                sick.append(SickGpu.of(node, g, now - since))
         for key in set(self.unhealthy_since) - seen:
             del self.unhealthy_since[key]
         return sick

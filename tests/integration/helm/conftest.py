@@ -1,8 +1,14 @@
 """helm and a kubelet-less cluster (etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler) with four GPU Nodes and two CPU-only Nodes, shared by the chart tests."""
+kube-scheduler) with four GPU Nodes and two CPU-only Nodes, shared by the chart tests.
+
+Every test that runs helm runs once with Helm 4 (`helm`) and once with Helm 3 (`helm3`,
+which many teams keep), each against its own cluster: the tests reuse release names and
+namespaces, and the two majors must each prove install, upgrade, refusal and uninstall
+from a clean start."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -25,10 +31,18 @@ CPU_NODES = [f"cpu-{i}" for i in range(2)]
 PROM_OPERATOR = "github.com/prometheus-operator/prometheus-operator@v0.85.0"
 
 
-@pytest.fixture(scope="session")
-def helm(tools_bin: Path) -> str:
-    path = tools_bin / "helm"
-    assert path.is_file(), f"{path} missing: scripts/test-tools helm builds it"
+# The binaries scripts/test-tools installs, and their Helm major.
+HELMS = {"helm": 4, "helm3": 3}
+
+
+@pytest.fixture(scope="session", params=list(HELMS))
+def helm(request: pytest.FixtureRequest, tools_bin: Path) -> str:
+    path = tools_bin / request.param
+    assert path.is_file(), f"{path} missing: scripts/test-tools {request.param} builds it"
+    # An older tools directory has Helm 3 as `helm`: then Helm 4 would go untested.
+    assert helm_major(str(path)) == HELMS[request.param], (
+        f"{path} is not Helm {HELMS[request.param]}"
+    )
     return str(path)
 
 
@@ -51,7 +65,8 @@ def prometheus_operator_crds() -> list[dict[str, object]]:
 
 
 @pytest.fixture(scope="session")
-def cluster(tools_bin: Path) -> Iterator[Cluster]:
+def cluster(helm: str, tools_bin: Path) -> Iterator[Cluster]:
+    """One per helm binary (`helm` is asked for only for that): a fresh cluster for each."""
     c = Cluster(tools_bin)
     try:
         c.start()
@@ -76,9 +91,30 @@ def cluster(tools_bin: Path) -> Iterator[Cluster]:
         c.stop()
 
 
+@functools.cache
+def kube_version(bin_dir: Path) -> str:
+    """The version of the kube-apiserver beside helm, e.g. `v1.37.2`."""
+    out = subprocess.run(
+        [str(bin_dir / "kube-apiserver"), "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    return out.split()[-1]
+
+
+@functools.cache
+def helm_major(helm: str) -> int:
+    """3 or 4, from `helm version --short` (e.g. `v4.3.1+g...`)."""
+    out = subprocess.run([helm, "version", "--short"], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().lstrip("v").split(".")[0])
+
+
 def run_helm(
     helm: str, *args: str, kubeconfig: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """Helm 3.19 assumes Kubernetes 1.34 when it asks no cluster (`helm template`,
+    `helm lint`), which the chart's kubeVersion refuses: its users pass --kube-version
+    (docs/install.md), and so do we, with the version of the servers under test."""
+    if Path(helm).name == "helm3" and args[:1] in (("template",), ("lint",)):
+        args = (*args, "--kube-version", kube_version(Path(helm).parent))
     env = {**os.environ, "HELM_CACHE_HOME": "/tmp/gpudaemon-helm/cache",
            "HELM_CONFIG_HOME": "/tmp/gpudaemon-helm/config",
            "HELM_DATA_HOME": "/tmp/gpudaemon-helm/data"}  # fmt: skip

@@ -145,6 +145,9 @@ class ControlPlane:
                     f"--secure-port={self.port}",
                     "--bind-address=127.0.0.1",
                     "--advertise-address=127.0.0.1",
+                    # Since 1.37 the endpoint reconciler (the `kubernetes` Service's
+                    # endpoints) refuses a loopback address; nothing here uses them.
+                    "--endpoint-reconciler-type=none",
                     "--service-cluster-ip-range=10.0.0.0/24",
                     "--authorization-mode=RBAC",
                     f"--token-auth-file={d / 'tokens.csv'}",

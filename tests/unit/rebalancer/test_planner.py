@@ -12,6 +12,7 @@ from gpudaemon.rebalancer.fits import PodFit
 from gpudaemon.rebalancer.planner import (
     NodeFacts,
     PodFacts,
+    SickGpu,
     defragment,
     drain,
     may_land,
@@ -112,9 +113,13 @@ def facts(states: dict[str, Any]) -> dict[str, NodeFacts]:
 
 def test_a_pod_on_a_sick_gpu_is_evicted_after_the_grace_only() -> None:
     pods = {"ml/a": pod("a", "n1")}
-    early = drain([("n1", 3, "xid 79", 10.0, ["ml/a"])], pods, {"n1": True}, grace_s=300)
+    early = drain(
+        [SickGpu("n1", 3, "drain", "xid 79", 10.0, ["ml/a"])], pods, {"n1": True}, grace_s=300
+    )
     assert early == []  # no event for each pass of the grace period
-    [d] = drain([("n1", 3, "xid 79", 301.0, ["ml/a"])], pods, {"n1": True}, grace_s=300)
+    [d] = drain(
+        [SickGpu("n1", 3, "drain", "xid 79", 301.0, ["ml/a"])], pods, {"n1": True}, grace_s=300
+    )
     assert d.evict and d.kind == "drain" and d.reason == "unhealthy_gpu"
     assert "GPU 3 on n1" in d.message and "xid 79" in d.message
 
@@ -127,9 +132,9 @@ def test_drain_leaves_stale_nodes_bare_pods_and_pods_already_going() -> None:
         "ml/moved": pod("moved", "n3"),  # the annotation is older than its move
     }
     sick = [
-        ("n1", 0, "xid 79", 999.0, ["ml/a"]),
-        ("n2", 0, "xid 79", 999.0, ["ml/bare", "ml/going", "ml/gone"]),
-        ("n2", 1, "xid 79", 999.0, ["ml/moved"]),
+        SickGpu("n1", 0, "drain", "xid 79", 999.0, ["ml/a"]),
+        SickGpu("n2", 0, "drain", "xid 79", 999.0, ["ml/bare", "ml/going", "ml/gone"]),
+        SickGpu("n2", 1, "drain", "xid 79", 999.0, ["ml/moved"]),
     ]
     out = {d.pod.name: d for d in drain(sick, pods, {"n1": False, "n2": True}, grace_s=0)}
     assert set(out) == {"a", "bare"}
@@ -139,7 +144,10 @@ def test_drain_leaves_stale_nodes_bare_pods_and_pods_already_going() -> None:
 
 def test_a_pod_holding_two_sick_gpus_is_judged_once() -> None:
     pods = {"ml/a": pod("a", "n1", 2)}
-    sick = [("n1", 0, "xid 79", 999.0, ["ml/a"]), ("n1", 1, "xid 79", 999.0, ["ml/a"])]
+    sick = [
+        SickGpu("n1", 0, "drain", "xid 79", 999.0, ["ml/a"]),
+        SickGpu("n1", 1, "drain", "xid 79", 999.0, ["ml/a"]),
+    ]
     assert len(drain(sick, pods, {"n1": True}, grace_s=0)) == 1
 
 
