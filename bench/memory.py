@@ -1,23 +1,31 @@
-"""bench/memory: the whole agent's RSS, as the budget counts it (issue 19).
+"""bench/memory: the whole agent's RSS, as the budget counts it (issues 19 and 29).
 
-A real `gpudaemon run` process on simulated dgx-h100 GPUs, writing labels, the `gpus`
-annotation and its Lease to a real kube-apiserver, history to a real influxd 1.8.10,
-and /metrics scraped every second, with and without the kubelet's pod-resources
-socket (a fake kubelet on a unix socket: with it the agent loads grpc). RSS and its
-peak (VmHWM) come from /proc after `--seconds` of running. Then the same imports one
-by one in a fresh interpreter, for the breakdown. Real NVML adds what `nvmlInit` took
-on an H100 (22 MiB, ../shared/measurements/h100-nvml.md), shown as an allowance.
+A real `gpudaemon run` process on simulated `h100-measured` GPUs (8 H100s whose NVML
+calls take what they took on the real one), writing labels, the `gpus` annotation and
+its Lease to a real kube-apiserver, history to a real influxd 1.8.10, and /metrics
+scraped every second: with a kubeconfig, and as in a pod (a service account's token and
+CA, the API server in the environment) without and with the kubelet's pod-resources
+socket (a fake kubelet on a unix socket). RSS and its peak (VmHWM) come from /proc after
+`--seconds` of running. Real NVML adds what `nvmlInit` took on an H100 (22 MiB,
+../shared/measurements/h100-nvml.md), shown as an allowance.
 
-  scripts/bench memory [--seconds 30]
+`--before REV` runs the same agents from the gpudaemon package at an earlier commit
+beside this tree's, in the same run (same servers, same machine load), for a
+before/after. Then this tree's imports one by one in a fresh interpreter, for the
+breakdown.
+
+  scripts/bench memory [--seconds 30] [--before REV]
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import platform
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -25,11 +33,21 @@ from pathlib import Path
 from bench.table import print_table
 from tests.integration.influx.server import InfluxServer
 from tests.integration.kube.controlplane import RBAC, ControlPlane
-from tests.support import REPO, free_port, http_get, start_agent, stop, tools_bin, wait_for
+from tests.support import (
+    REPO,
+    free_port,
+    http_get,
+    service_account_dir,
+    start_agent,
+    start_agent_in_pod,
+    stop,
+    tools_bin,
+    wait_for,
+)
 
 NVML_INIT_MIB = 22.0  # measured on an H100 (nvmlInit alone)
-BUDGET_SIM_MIB = 60.0
-BUDGET_REAL_MIB = 80.0
+BUDGET_REAL_MIB = 100.0  # the agent with real NVML (issue 29); 99.8 measured 2026-11-25
+BUDGET_SIM_MIB = BUDGET_REAL_MIB - NVML_INIT_MIB
 
 # What the agent imports, in the order it needs them; each row's figure is the RSS after
 # that import in one fresh interpreter.
@@ -43,11 +61,21 @@ IMPORT_STEPS = (
         "gpudaemon.agent.app, gpudaemon.cli (wiring, HTTP server)",
         "gpudaemon.agent.app, gpudaemon.cli",
     ),
-    ("API client in a pod (no kubernetes import)", "gpudaemon.agent.nodelabels"),
-    ("kubernetes (only with a kubeconfig)", "kubernetes"),
-    ("history (urllib3 transport, SQLite spool)", "gpudaemon.history.writer"),
+    ("our API client and label sink (no kubernetes yet)", "gpudaemon.agent.nodelabels"),
+    ("urllib3, dateutil (under both official clients)", "urllib3, dateutil.parser"),
+    ("requests, oauthlib (kubernetes' kubeconfig loader)", "requests, requests_oauthlib"),
+    ("kubernetes (ApiClient, config; models are lazy)", "kubernetes"),
+    ("influxdb-client (generated API, reactivex)", "influxdb_client"),
+    ("history (writer, SQLite spool)", "gpudaemon.history.writer"),
     ("pod-resources client (h2, protobuf)", "h2.connection, gpudaemon.podresources._gen.api_pb2"),
     ("pynvml (the module; nvmlInit is the allowance)", "pynvml"),
+)
+
+RUNS = (  # (name, kubelet socket present, in a pod, InfluxDB on)
+    ("kubeconfig, no kubelet socket", False, False, True),
+    ("in a pod (service account), no kubelet socket", False, True, True),
+    ("in a pod, kubelet socket (the chart's default)", True, True, True),
+    ("in a pod, kubelet socket, history off", True, True, False),
 )
 
 
@@ -80,16 +108,6 @@ def import_steps() -> list[tuple[str, float]]:
     return [(what, float(v)) for (what, _), v in zip(IMPORT_STEPS, out, strict=True)]
 
 
-# A pod's view: the service account's token and CA where the wrapper says they are
-# mounted, and the API server in the environment, as kubelet sets them.
-IN_CLUSTER = (
-    "import sys, pathlib, gpudaemon.incluster as ic\n"
-    "ic.SA_DIR = pathlib.Path(sys.argv.pop(1)); ic.SA_TOKEN = ic.SA_DIR / 'token'\n"
-    "from gpudaemon.cli import main\n"
-    "sys.exit(main(sys.argv[1:]))\n"
-)
-
-
 def run_agent(
     cp: ControlPlane,
     influx: InfluxServer,
@@ -98,49 +116,42 @@ def run_agent(
     seconds: float,
     socket: str,
     in_cluster: bool,
+    code: Path,
+    history: bool = True,
 ) -> tuple[float, float, int]:
+    """One agent from the gpudaemon package under `code`: its RSS and peak after
+    `seconds`, and how many GPU series its /metrics had."""
     port = free_port()
     node = f"mem-{port}"
     cp.create_node(node)
     cfg = tmp / f"{node}.yaml"
-    env: dict[str, str] = {}
-    if in_cluster:
-        sa = tmp / f"sa-{node}"
-        sa.mkdir()
-        (sa / "token").write_text("agent-token\n")
-        (sa / "ca.crt").write_bytes(Path(cp.ca).read_bytes())
-        host, _, api_port = cp.server.removeprefix("https://").rpartition(":")
-        env = {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": api_port}
-        kube = "{in_cluster: true}"
-    else:
-        kube = f"{{kubeconfig: '{cp.agent_kubeconfig}'}}"
+    kube = "" if in_cluster else f"kubernetes: {{kubeconfig: '{cp.agent_kubeconfig}'}}\n"
+    influxdb = (
+        f"influxdb: {{url: '{influx.url}', bucket: '{db}/autogen', spool_dir: '{tmp / node}'}}\n"
+        if history
+        else ""
+    )
     cfg.write_text(
-        f"node_name: {node}\nsimulate: dgx-h100\n"
+        f"node_name: {node}\nsimulate: h100-measured\n"
         f"metrics: {{listen: '127.0.0.1:{port}', pod_resources_socket: '{socket}'}}\n"
         "labels: {to: apiserver}\n"
-        f"kubernetes: {kube}\n"
-        f"influxdb: {{url: '{influx.url}', bucket: '{db}/autogen',"
-        f" spool_dir: '{tmp / node}'}}\n"
+        f"{kube}{influxdb}"
         "schedules: {telemetry: '* * * * * *', history: '*/10 * * * * *'}\n"
     )
     args = ["run", "--config", str(cfg)]
+    log = tmp / f"{node}.log"
     if in_cluster:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", IN_CLUSTER, str(tmp / f"sa-{node}"), *args],
-            env={**os.environ, **env},
-            stdout=open(tmp / f"{node}.log", "wb"),  # noqa: SIM115 - the child's
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-        )
+        sa = service_account_dir(tmp / f"sa-{node}", "agent-token\n", Path(cp.ca))
+        proc = start_agent_in_pod(args, sa, cp.server, log=log, cwd=code)
     else:
-        proc = start_agent(args, log=tmp / f"{node}.log")
+        proc = start_agent(args, log=log, cwd=code)
     try:
         try:
             wait_for(
                 lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 60, what="/readyz"
             )
         except AssertionError:
-            raise SystemExit((tmp / f"{node}.log").read_text()[-3000:]) from None
+            raise SystemExit(log.read_text()[-3000:]) from None
         series = 0
         end = time.monotonic() + seconds
         while time.monotonic() < end:
@@ -150,23 +161,39 @@ def run_agent(
             time.sleep(1.0)
         labelled = cp.node(node)["metadata"].get("labels", {}).get("gpudaemon.io/gpu.count")
         assert labelled == "8", "the agent did not label its Node"
-        assert influx.points(db, field="power_watts"), "the agent wrote no history"
+        assert not history or influx.points(db, field="power_watts"), "no history written"
         rss, peak = rss_mib(proc.pid)
     finally:
         stop(proc)
     return rss, peak, series
 
 
+def checkout(rev: str, into: Path) -> Path:
+    """The gpudaemon package as it was at `rev`, to run beside this tree's."""
+    tar = subprocess.run(
+        ["git", "archive", rev, "gpudaemon"], cwd=REPO, capture_output=True, check=True
+    ).stdout
+    into.mkdir()
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        t.extractall(into, filter="data")
+    return into
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--before", metavar="REV", help="also run the agent as of this commit")
     args = ap.parse_args()
     from tests.integration.podresources.fake_kubelet import KubeletServer
 
     tools = tools_bin("k8s", "etcd", "influxd")
     cp = ControlPlane(tools)
+    results: dict[tuple[str, str], tuple[float, float, int]] = {}
     with tempfile.TemporaryDirectory() as tmp_:
         tmp = Path(tmp_)
+        codes = [("this tree", REPO)]
+        if args.before:
+            codes.insert(0, (args.before, checkout(args.before, tmp / "before")))
         (tmp / "influxd").mkdir()
         influx = InfluxServer(tools / "influxd", tmp / "influxd")
         kubelet = KubeletServer(tmp / "kubelet.sock")
@@ -175,30 +202,25 @@ def main() -> int:
             cp.apply_manifest(RBAC)
             influx.start()
             db = influx.create_database("mem")
-            absent, present = str(tmp / "absent.sock"), str(tmp / "kubelet.sock")
-            runs = [
-                ("kubeconfig, no kubelet socket", absent, False),
-                ("in a pod (service account), no kubelet socket", absent, True),
-                ("in a pod, kubelet socket (pod attribution on)", present, True),
-            ]
-            results = [
-                (name, run_agent(cp, influx, db, tmp, args.seconds, sock, pod))
-                for name, sock, pod in runs
-            ]
+            sockets = {False: str(tmp / "absent.sock"), True: str(tmp / "kubelet.sock")}
+            for name, socket, pod, history in RUNS:  # before and after, side by side
+                for which, code in codes:
+                    results[(name, which)] = run_agent(
+                        cp, influx, db, tmp, args.seconds, sockets[socket], pod, code, history
+                    )
         finally:
             kubelet.stop()
             influx.stop()
             cp.stop()
-    steps = import_steps()
     rows = []
-    for name, (rss, peak, series) in results:
+    for (name, which), (rss, peak, series) in results.items():
         real = rss + NVML_INIT_MIB
         rows.append(
             (
                 name,
+                which,
                 f"{rss:.1f}",
                 f"{peak:.1f}",
-                "ok" if rss <= BUDGET_SIM_MIB else "OVER",
                 f"{real:.1f}",
                 "ok" if real <= BUDGET_REAL_MIB else "OVER",
                 series,
@@ -206,11 +228,11 @@ def main() -> int:
         )
     print_table(
         (
-            "agent (simulated dgx-h100, labels + Lease to kube-apiserver, InfluxDB on, "
-            "/metrics scraped 1/s)",
+            "agent (h100-measured, labels + Lease to kube-apiserver, InfluxDB on unless "
+            "said, /metrics scraped 1/s)",
+            "code",
             "RSS MiB",
             "peak MiB",
-            f"<= {BUDGET_SIM_MIB:g}",
             f"+ nvmlInit {NVML_INIT_MIB:g} MiB",
             f"<= {BUDGET_REAL_MIB:g}",
             "GPU series",
@@ -223,10 +245,10 @@ def main() -> int:
     )
     prev = 0.0
     breakdown = []
-    for what, v in steps:
+    for what, v in import_steps():
         breakdown.append((what, f"{v:.1f}", f"+{v - prev:.1f}" if prev else ""))
         prev = v
-    print_table(("import step (fresh interpreter)", "RSS MiB", "added"), breakdown)
+    print_table(("import step (fresh interpreter, this tree)", "RSS MiB", "added"), breakdown)
     return 0
 
 

@@ -124,9 +124,13 @@ def scrape(url: str, name: str, *, required: bool = False, **labels: str) -> flo
 
 
 def start_agent(
-    args: Sequence[str], env: dict[str, str] | None = None, log: Path | None = None
+    args: Sequence[str],
+    env: dict[str, str] | None = None,
+    log: Path | None = None,
+    cwd: Path = REPO,
 ) -> subprocess.Popen[bytes]:
-    """`gpudaemon <args>` as a real subprocess of this interpreter."""
+    """`gpudaemon <args>` as a real subprocess of this interpreter (`cwd` holding the
+    gpudaemon package it runs: bench/memory runs an earlier commit's copy)."""
     full_env = {**os.environ, **(env or {})}
     out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - owned by the process
     return subprocess.Popen(
@@ -134,7 +138,60 @@ def start_agent(
         env=full_env,
         stdout=out,
         stderr=subprocess.STDOUT,
-        cwd=REPO,
+        cwd=cwd,
+    )
+
+
+# A pod's view for `start_agent_in_pod`: the service account's directory where kubelet
+# would mount it (gpudaemon.incluster.SA_DIR, here a test's directory) and, when given,
+# a shorter token re-read period than the minute client-go and the official loader use.
+IN_POD = (
+    "import pathlib, sys\n"
+    "import gpudaemon.incluster as ic\n"
+    "ic.SA_DIR = pathlib.Path(sys.argv.pop(1)); ic.SA_TOKEN = ic.SA_DIR / 'token'\n"
+    "reread = sys.argv.pop(1)\n"
+    "if reread:\n"
+    "    import gpudaemon.kube.incluster as kic\n"
+    "    kic.TOKEN_REREAD_S = float(reread)\n"
+    "from gpudaemon.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def service_account_dir(path: Path, token: str, ca: Path, namespace: str = "gpudaemon") -> Path:
+    """What kubelet mounts at /var/run/secrets/kubernetes.io/serviceaccount."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "token").write_text(token)
+    (path / "ca.crt").write_bytes(ca.read_bytes())
+    (path / "namespace").write_text(namespace)
+    return path
+
+
+def start_agent_in_pod(
+    args: Sequence[str],
+    sa_dir: Path,
+    server: str,
+    log: Path | None = None,
+    token_reread_s: float | None = None,
+    cwd: Path = REPO,
+) -> subprocess.Popen[bytes]:
+    """`gpudaemon <args>` as a pod runs it: the API server only in
+    $KUBERNETES_SERVICE_HOST/PORT, credentials only in `sa_dir` (no kubeconfig)."""
+    host, _, port = server.removeprefix("https://").rpartition(":")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k != "KUBECONFIG" and not k.startswith(("GPUDAEMON_KUBERNETES", "KUBERNETES_"))
+    }
+    env.update(KUBERNETES_SERVICE_HOST=host.strip("[]"), KUBERNETES_SERVICE_PORT=port)
+    out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - owned by the process
+    reread = "" if token_reread_s is None else str(token_reread_s)
+    return subprocess.Popen(
+        [sys.executable, "-c", IN_POD, str(sa_dir), reread, *args],
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        cwd=cwd,
     )
 
 

@@ -2,8 +2,8 @@
 (pydantic-settings' reader, nested keys joined by `__`) and the defaults that come
 from the environment ($NODE_NAME, $POD_NAME, the hostname, $KUBECONFIG, $HOME,
 $KUBERNETES_SERVICE_HOST and the mounted service-account token). Nothing else in
-gpudaemon reads these (kube/client.py still reads KUBERNETES_SERVICE_HOST/PORT for the
-API server's address in a pod)."""
+gpudaemon reads these (the official in-cluster loader, called by kube/incluster.py,
+still reads KUBERNETES_SERVICE_HOST/PORT for the API server's address in a pod)."""
 
 from __future__ import annotations
 

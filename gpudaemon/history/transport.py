@@ -1,17 +1,19 @@
-"""The InfluxDB write endpoint (`POST /api/v2/write`, which InfluxDB 2.x and 1.8+
-serve) over urllib3. Failures become InfluxWriteError with a `kind` that is also the
-writer's metric label.
+"""The InfluxDB write through influxdb-client's WriteApi in synchronous mode: one call
+sends one body of line protocol and either returns or raises. Failures become
+InfluxWriteError with a `kind` that is also the writer's metric label.
 
-Not through influxdb-client at run time: importing any part of it loads its whole
-generated API (10.5 MiB of RSS, an eighth of the agent's 80 MiB budget) for what is one
-POST of line protocol, which lines.py already makes. The tests still query InfluxDB
-with influxdb-client, so what the agent writes is read back by the official client."""
+The client's own batching, retry buffer and jitter are not used: the writer and its
+SQLite spool decide what is sent and when (the spool is what survives an outage or a
+restart), so here retries are off and every failure is reported at once. Imported only
+when `influxdb.url` is set (`agent/app.py` imports the writer lazily): with
+history off, `influxdb_client` is never loaded (tests/unit/history/test_imports.py).
+"""
 
 from __future__ import annotations
 
 import re
 import urllib.parse
-from typing import Protocol
+from typing import Any, Protocol
 
 import urllib3
 import urllib3.exceptions
@@ -28,61 +30,50 @@ class Transport(Protocol):
 
 
 class ClientTransport:
-    """One synchronous POST per write, with its errors classified. The request is the
-    one influxdb-client's write API sends: the token as `Authorization: Token ...`
-    (InfluxDB 1.8 takes `user:password` there), org, bucket and precision=ms in the
-    query, line protocol as the body."""
+    """influxdb-client's synchronous WriteApi, its errors classified. The token goes as
+    `Authorization: Token ...` (InfluxDB 1.8 takes `user:password` there); credentials
+    in the URL (`http://user:password@host`, as curl reads them) become HTTP Basic auth
+    and leave the URL, unless a token is given, which wins."""
 
     def __init__(self, url: str, token: str, org: str, bucket: str, timeout_ms: int) -> None:
-        query = urllib.parse.urlencode({"org": org, "bucket": bucket, "precision": "ms"})
+        import certifi
+        from influxdb_client.client.influxdb_client import InfluxDBClient
+        from influxdb_client.client.write_api import SYNCHRONOUS
+        from influxdb_client.domain.write_precision import WritePrecision
+
         parts = urllib.parse.urlsplit(url)
         user, password = parts.username, parts.password
         if user is not None:  # never sent in the request line; the header carries it
             parts = parts._replace(netloc=parts.netloc.rpartition("@")[2])
-        self._url = f"{urllib.parse.urlunsplit(parts).rstrip('/')}/api/v2/write?{query}"
-        self._headers = {
-            "Content-Type": "text/plain; charset=utf-8",
-            "Accept": "application/json",
-            "User-Agent": "gpudaemon",
-        }
-        if token:
-            self._headers["Authorization"] = f"Token {token}"
-        elif user is not None:
-            # http://user:password@host, as curl reads it: HTTP Basic auth (InfluxDB
-            # 1.8 takes its users' passwords so; a token, when given, wins).
-            self._headers.update(
-                urllib3.make_headers(
-                    basic_auth=f"{urllib.parse.unquote(user)}:"
-                    f"{urllib.parse.unquote(password or '')}"
-                )
-            )
+        basic = not token and user is not None
+        if basic:
+            token = f"{urllib.parse.unquote(user or '')}:{urllib.parse.unquote(password or '')}"
+        self._bucket, self._org = bucket, org
+        self._precision: Any = WritePrecision.MS
         # retries=False: a retry would block the history job past timeout_ms; the
         # spool is our retry. One connection: the history job is the only writer.
-        tls: dict[str, str] = {}
-        if url.startswith("https:"):
-            import certifi  # the CA bundle influxdb-client trusted (a kubernetes dependency)
-
-            tls["ca_certs"] = certifi.where()
-        self._pool = urllib3.PoolManager(
-            num_pools=1,
-            maxsize=1,
+        # certifi's bundle for https, the one this client trusted before 1.50.
+        self._client = InfluxDBClient(
+            url=urllib.parse.urlunsplit(parts).rstrip("/"),
+            token=token,
+            org=org,
+            timeout=timeout_ms,
             retries=False,
-            timeout=urllib3.Timeout(total=timeout_ms / 1000),
-            **tls,  # type: ignore[arg-type]
+            auth_basic=basic,
+            connection_pool_maxsize=1,
+            ssl_ca_cert=certifi.where() if parts.scheme == "https" else None,
         )
+        self._write = self._client.write_api(write_options=SYNCHRONOUS)
 
     def write(self, body: bytes) -> None:
         try:
-            r = self._pool.request(
-                "POST", self._url, body=body, headers=self._headers, preload_content=True
-            )
+            self._write.write(self._bucket, self._org, body, self._precision)
         except Exception as e:
-            raise _transport_error(e) from None
-        if r.status >= 300:
-            raise _http_error(r.status, r.reason, r.data[: 1 << 20])
+            raise _client_error(e) from None
 
     def close(self) -> None:
-        self._pool.clear()
+        self._write.close()  # type: ignore[no-untyped-call]
+        self._client.close()  # type: ignore[no-untyped-call]
 
 
 # The shared HTTP failure kinds, as this writer's metric labels (kept from before).
@@ -110,6 +101,25 @@ def _http_error(status: int | None, reason: str | None, message: object) -> Infl
         detail += f" ... {dropped.group()}"
     kind = _KINDS[http_failure_kind(status)]
     return InfluxWriteError(kind, f"HTTP {status} {reason or ''}".rstrip() + f": {detail}")
+
+
+def _client_error(e: Exception) -> InfluxWriteError:
+    """The client's ApiException with an HTTP status as that status's kind; one with
+    none (status 0: the client's word for a TLS failure) and urllib3's and the socket's
+    errors by what failed below HTTP."""
+    from influxdb_client.rest import ApiException
+
+    if isinstance(e, ApiException) and e.status:
+        return _http_error(e.status, e.reason, _body(e))
+    if isinstance(e, ApiException):
+        reason = " ".join(str(e.reason or "no answer").split())
+        return InfluxWriteError("unreachable", reason[:200])
+    return _transport_error(e)
+
+
+def _body(e: Any) -> bytes | str:
+    body = getattr(e, "body", None)
+    return body if isinstance(body, bytes | str) else ""
 
 
 def _transport_error(e: Exception) -> InfluxWriteError:

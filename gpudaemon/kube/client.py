@@ -1,27 +1,22 @@
 """The Kubernetes client shared by the agent and the extender: credentials, REST calls,
 the one mapping from HTTP failures to our `KubeError` family, and list + watch.
 
-The official client is used thinly (ApiClient for kubeconfig auth, TLS and pooling; raw
-REST paths for our few requests), so no generated model is built per request and
-library errors become our own types right here. In a cluster (every agent and extender
-pod) the same calls go through `InClusterApi` instead, a pool over the service
-account's token and CA: importing the official client loads every generated model,
-9.1 MiB of the agent's 80 MiB (docs/benchmarks.md), for what a token and a CA do. This
-and `gpudaemon.kube` are the only importers of `kubernetes`.
+The official client is used thinly (ApiClient for auth, TLS and pooling; raw REST
+paths for our few requests), so no generated model is built per request and library
+errors become our own types right here. A kubeconfig and a pod's service account
+(`kube/incluster.py`, the official in-cluster loader with its token re-read) give the
+same ApiClient. This module and `kube/incluster.py` are the only importers of
+`kubernetes`, and only once credentials are found.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
-import os
 import ssl
 import threading
-import time
-import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from loguru import logger
@@ -184,11 +179,14 @@ class KubeClient:
         timeout_s: float = 10.0,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
     ) -> KubeClient:
-        if creds.in_cluster:
-            api = InClusterApi.from_environment()
-            return cls(api, timeout_s, connect_timeout_s, "the service account's CA")
         from kubernetes import client, config
 
+        if creds.in_cluster:
+            from gpudaemon.kube.incluster import in_cluster_configuration
+
+            conf = in_cluster_configuration()
+            ca = "the service account's CA"
+            return cls(client.ApiClient(conf), timeout_s, connect_timeout_s, ca)
         conf = client.Configuration()
         try:
             config.load_kube_config(  # type: ignore[no-untyped-call]
@@ -447,120 +445,6 @@ def _insecure_once(kubeconfig: str, host: str) -> None:
         kubeconfig,
         host,
     )
-
-
-class InClusterApi:
-    """What KubeClient uses of the official ApiClient (`param_serialize`, `call_api`,
-    `close`), for a pod's service account: HTTPS to $KUBERNETES_SERVICE_HOST:PORT, the
-    server checked against the mounted CA, the mounted token as the bearer. The token is
-    read again every minute, as client-go does: kubelet rotates bound tokens (hourly by
-    default) and an old one stops working."""
-
-    TOKEN_REREAD_S = 60.0
-
-    def __init__(self, server: str, token_file: Path, ca_file: Path, pool_size: int = 8) -> None:
-        import urllib3
-
-        from gpudaemon.textfile import read_text_file
-
-        self.server = server.rstrip("/")
-        self._token_file = token_file
-        self._read = read_text_file
-        self._lock = threading.Lock()
-        self._token = ""
-        self._token_at = -float("inf")
-        self._bearer()  # a missing or unreadable token is a ConfigError now, not later
-        if not ca_file.is_file():
-            raise ConfigError(f"in-cluster config: no CA certificate at {ca_file}")
-        self._pool = urllib3.PoolManager(
-            num_pools=1,
-            maxsize=pool_size,
-            retries=False,
-            cert_reqs="CERT_REQUIRED",
-            ca_certs=str(ca_file),
-        )
-
-    @classmethod
-    def from_environment(cls) -> InClusterApi:
-        from gpudaemon.incluster import SA_DIR
-
-        host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
-        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        if not host:
-            raise ConfigError("in-cluster config: KUBERNETES_SERVICE_HOST is not set")
-        if ":" in host:  # an IPv6 service address
-            host = f"[{host}]"
-        return cls(f"https://{host}:{port}", SA_DIR / "token", SA_DIR / "ca.crt")
-
-    def _bearer(self) -> str:
-        with self._lock:
-            now = time.monotonic()
-            if now - self._token_at >= self.TOKEN_REREAD_S or not self._token:
-                try:
-                    token = self._read(
-                        str(self._token_file), "in-cluster token", 64 << 10, ConfigError
-                    )
-                except ConfigError:
-                    if not self._token:
-                        raise
-                    token = self._token  # keep the last one; the server will say if not
-                self._token, self._token_at = token.strip(), now
-            return self._token
-
-    def param_serialize(
-        self,
-        method: str,
-        path: str,
-        query_params: list[tuple[str, str]] | None = None,
-        header_params: Mapping[str, str] | None = None,
-        body: Any = None,
-        auth_settings: Any = None,
-    ) -> tuple[str, str, dict[str, str], Any, None]:
-        url = self.server + path
-        if query_params:
-            url += "?" + urllib.parse.urlencode(query_params)
-        headers = {**(header_params or {}), "Authorization": f"Bearer {self._bearer()}"}
-        data = None if body is None else json.dumps(body).encode()
-        return method, url, headers, data, None
-
-    def call_api(
-        self,
-        method: str,
-        url: str,
-        headers: Mapping[str, str],
-        body: Any,
-        _request_timeout: tuple[float, float] = (CONNECT_TIMEOUT_S, 10.0),
-    ) -> _Response:
-        import urllib3
-
-        connect, read = _request_timeout
-        r = self._pool.request(
-            method,
-            url,
-            body=body,
-            headers=dict(headers),
-            timeout=urllib3.Timeout(connect=connect, read=read),
-            preload_content=False,
-            redirect=False,
-        )
-        return _Response(r)
-
-    def close(self) -> None:
-        self._pool.clear()
-
-
-class _Response:
-    """The shape of the official client's RESTResponse that KubeClient reads."""
-
-    def __init__(self, r: Any) -> None:
-        self.response = r
-        self.status = int(r.status)
-
-    def read(self) -> bytes:
-        try:
-            return bytes(self.response.read())
-        finally:
-            self.response.release_conn()
 
 
 def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:

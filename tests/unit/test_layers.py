@@ -210,3 +210,22 @@ def test_the_rebalancers_rules_stay_pure(name: str) -> None:
         "gpudaemon.rebalancer.fits",
         "gpudaemon.rebalancer.planner",
     } - {f"gpudaemon.rebalancer.{name}"}
+
+
+@pytest.mark.parametrize(
+    ("package", "owners"),
+    [
+        ("kubernetes", {"kube/client.py", "kube/incluster.py"}),
+        ("influxdb_client", {"history/transport.py"}),
+    ],
+)
+def test_each_client_package_has_one_boundary(package: str, owners: set[str]) -> None:
+    """One module per outside system (docs/architecture.md): the official clients are
+    imported there and nowhere else, so their errors are mapped to ours in one place."""
+    importers = {
+        str(p.relative_to(PKG))
+        for p in PKG.rglob("*.py")
+        if "_gen" not in p.parts
+        and any(m == package or m.startswith(package + ".") for m in imported_modules(p))
+    }
+    assert importers == owners

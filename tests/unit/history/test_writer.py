@@ -626,3 +626,30 @@ def test_a_damaged_spool_database_is_a_config_error_saying_what_to_do(tmp_path: 
         InfluxWriter(cfg(tmp_path), CollectorRegistry(), FakeTransport())
     msg = str(e.value)
     assert "(spool.db: " in msg and "move that file away" in msg and "\n" not in msg
+
+
+def test_the_request_is_influxdb_client_s_write() -> None:
+    """The body goes through influxdb-client's WriteApi (issue 29): its User-Agent, its
+    query (bucket, precision=ms), our token."""
+    raw = _one_request(lambda p: f"http://127.0.0.1:{p}", token="tok")
+    head = raw.split(b"\r\n\r\n")[0].decode()
+    line, *headers = head.split("\r\n")
+    assert line.startswith("POST /api/v2/write?") and "bucket=db" in line
+    assert "precision=ms" in line
+    fields = {k.lower(): v for k, _, v in (h.partition(": ") for h in headers)}
+    assert fields["user-agent"].startswith("influxdb-client-python/")
+    assert fields["authorization"] == "Token tok"
+
+
+def test_the_client_s_errors_become_ours() -> None:
+    from influxdb_client.rest import ApiException
+
+    from gpudaemon.history.transport import _client_error
+
+    tls = ApiException(status=0, reason="SSLError\n[SSL: CERTIFICATE_VERIFY_FAILED] no")
+    e = _client_error(tls)
+    assert e.kind == "unreachable" and "\n" not in str(e) and "CERTIFICATE" in str(e)
+    e = _client_error(ApiException(status=503, reason="Service Unavailable"))
+    assert e.kind == "server" and "HTTP 503" in str(e)
+    assert _client_error(ApiException(status=401, reason="Unauthorized")).kind == "unauthorized"
+    assert _client_error(ValueError("odd")).kind == "server"
