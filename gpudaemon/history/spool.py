@@ -6,10 +6,8 @@ FULL): one row per point, one transaction per batch, so a write is either commit
 whole or rolled back, also on a full disk, and no torn or padded line can exist. The
 writer reads the oldest rows, sends them, then deletes them (`ack`).
 
-Only the spool's own regular files are ever opened: every name is checked with
-lstat and O_NOFOLLOW (type, owner, one link) before SQLite opens it, so a symlink, a
-FIFO or a device in their place is a clear error, not a write to someone else's
-file. Anything else in the directory is reported and left alone.
+Only the spool's own regular files are ever opened (history/ownfile.py); anything
+else in the directory is reported and left alone.
 
 When the spool would outgrow its byte bound (the line-protocol bytes it holds), whole
 batches are dropped oldest first, in the same transaction as the append, and the
@@ -23,14 +21,14 @@ import errno
 import fcntl
 import math
 import os
-import re
 import sqlite3
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpudaemon.errors import SpoolError, SpoolLockedError
+from gpudaemon.history.linecheck import plausible_line
+from gpudaemon.history.ownfile import check_own_file, open_own, spool_error
 
 DB_NAME = "spool.db"
 LOCK_NAME = ".lock"
@@ -42,116 +40,6 @@ _SCHEMA_VERSION = 1
 # Row ids are assigned by us (SQLite would pick a random id after 2**63-1 and break
 # the order); well before that, the rows are renumbered from 1.
 _MAX_ID = (1 << 63) - 1 - (1 << 32)
-# One line of our line protocol is ~500 bytes; anything this long is not ours.
-MAX_LINE_BYTES = 64 << 10
-
-# Line protocol as InfluxDB parses it, strict enough to keep out what cannot be a
-# point: NUL padding, a torn line, text that is not a point at all.
-_NAME = r"(?:[^,= \\\x00-\x1f\x7f]++|\\[^\x00-\x1f\x7f])++"
-_MEASUREMENT = r"(?:[^, \\\x00-\x1f\x7f]++|\\[^\x00-\x1f\x7f])++"
-_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
-_VALUE = rf'(?:-?\d+i|\d+u|{_NUM}|t|T|true|True|TRUE|f|F|false|False|FALSE|"(?:[^"\\]|\\.)*")'
-_LINE = re.compile(
-    rf"{_MEASUREMENT}(?:,{_NAME}={_NAME})* {_NAME}={_VALUE}(?:,{_NAME}={_VALUE})* -?\d{{1,19}}"
-)
-
-
-def valid_line(line: bytes) -> bool:
-    """True if `line` (no newline) is one well-formed point of line protocol."""
-    if not line or len(line) > MAX_LINE_BYTES:
-        return False
-    try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return _LINE.fullmatch(text) is not None
-
-
-_CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
-
-
-def plausible_line(line: bytes) -> bool:
-    """The cheap check for rows read back for replay (a full check costs more than the
-    rest of the replay): what a damaged row looks like (empty, NUL or control bytes,
-    not UTF-8, too long). A subtler bad line is refused by InfluxDB, and the writer
-    counts exactly that line as rejected."""
-    if not line or len(line) > MAX_LINE_BYTES or _CONTROL.search(line):
-        return False
-    try:
-        line.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return line.count(b" ") >= 2
-
-
-def _error(path: Path, e: OSError | sqlite3.Error, what: str = "") -> SpoolError:
-    if isinstance(e, OSError):
-        reason = e.strerror or str(e)
-    else:
-        reason = str(e) or type(e).__name__
-        if getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
-            reason = os.strerror(errno.ENOSPC)  # the same words as a full disk elsewhere
-    return SpoolError(f"spool {path}: {what + ': ' if what else ''}{reason}", reason)
-
-
-def _check_own_file(path: Path) -> os.stat_result | None:
-    """lstat `path`: None if absent; a SpoolError unless it is a regular file of ours
-    with one link (a hard link could be someone else's file under our name)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise _error(path, e) from None
-    problem = _not_ours(st)
-    if problem:
-        raise SpoolError(
-            f"spool {path}: {problem}; the spool only opens its own regular files: move it away",
-            problem,
-        )
-    return st
-
-
-def _not_ours(st: os.stat_result) -> str:
-    if stat.S_ISLNK(st.st_mode):
-        return "is a symbolic link"
-    if not stat.S_ISREG(st.st_mode):
-        kind = {
-            stat.S_IFIFO: "a FIFO",
-            stat.S_IFCHR: "a character device",
-            stat.S_IFBLK: "a block device",
-            stat.S_IFSOCK: "a socket",
-            stat.S_IFDIR: "a directory",
-        }.get(stat.S_IFMT(st.st_mode), "not a regular file")
-        return f"is {kind}, not a regular file"
-    if st.st_uid != os.geteuid():
-        return f"is owned by uid {st.st_uid}, not by this process (uid {os.geteuid()})"
-    if st.st_nlink != 1:
-        return f"has {st.st_nlink} hard links"
-    return ""
-
-
-def _open_own(path: Path, flags: int) -> int:
-    """os.open that never follows a link, never blocks on a FIFO, and accepts only a
-    regular file of ours."""
-    try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise SpoolError(
-                f"spool {path}: is a symbolic link; the spool only opens its own regular "
-                "files: move it away",
-                f"{path.name} is a symbolic link",
-            ) from None
-        raise _error(path, e) from None
-    problem = _not_ours(os.fstat(fd))
-    if problem:
-        os.close(fd)
-        raise SpoolError(
-            f"spool {path}: {problem}; the spool only opens its own regular files: move it away",
-            f"{path.name} {problem}",
-        )
-    return fd
 
 
 @dataclass
@@ -197,7 +85,7 @@ class Spool:
             if self.dir.exists() and not self.dir.is_dir():  # mkdir would say "File exists"
                 raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
             self.dir.mkdir(parents=True, exist_ok=True)
-            self._lock_fd = _open_own(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+            self._lock_fd = open_own(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT)
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self.probe()  # a read-only directory fails here, not at the first outage
             self._open_db()
@@ -209,10 +97,10 @@ class Spool:
             ) from None
         except OSError as e:
             self.close()
-            raise _error(self.dir, e) from None
+            raise spool_error(self.dir, e) from None
         except sqlite3.OperationalError as e:  # cannot open, read or lock the file
             self.close()
-            raise _error(self.path, e, "cannot open the spool database") from None
+            raise spool_error(self.path, e, "cannot open the spool database") from None
         except sqlite3.DatabaseError as e:  # damaged, or not a database at all
             self.close()
             raise SpoolError(
@@ -227,17 +115,17 @@ class Spool:
 
     def _open_db(self) -> None:
         for suffix in _COMPANIONS:
-            _check_own_file(self.dir / (DB_NAME + suffix))
+            check_own_file(self.dir / (DB_NAME + suffix))
         # Create or check the file ourselves (O_NOFOLLOW, type, owner) before SQLite,
         # which follows links, opens it; then make sure it is still the same file.
-        fd = _open_own(self.path, os.O_RDWR | os.O_CREAT)
+        fd = open_own(self.path, os.O_RDWR | os.O_CREAT)
         try:
             checked = os.fstat(fd)
         finally:
             os.close(fd)  # before SQLite takes its locks: closing would drop them
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db = db
-        st = _check_own_file(self.path)
+        st = check_own_file(self.path)
         if st is None or (st.st_dev, st.st_ino) != (checked.st_dev, checked.st_ino):
             raise SpoolError(f"spool {self.path}: replaced while opening", "replaced while opening")
         # One process (the lock above): no shared-memory index, so no -shm file.
@@ -266,7 +154,7 @@ class Spool:
         # import no longer hid one of them among the used pages) and slack.
         self.wal_bytes = (wal_pages + 4) * (page + 24) + 4 * page
         for suffix in _COMPANIONS:
-            _check_own_file(self.dir / (DB_NAME + suffix))
+            check_own_file(self.dir / (DB_NAME + suffix))
         with self._transaction():
             db.execute(
                 "CREATE TABLE IF NOT EXISTS points "
@@ -346,7 +234,7 @@ class Spool:
                     [(first + i, self._next_batch, line) for i, line in enumerate(lines)],
                 )
         except sqlite3.Error as e:
-            raise _error(self.path, e, f"cannot spool {len(lines)} points") from None
+            raise spool_error(self.path, e, f"cannot spool {len(lines)} points") from None
         self._next_id += len(lines)
         self._next_batch += 1
         if delete_through and self._acked_through:
@@ -416,7 +304,7 @@ class Spool:
                     (low_id - 1, low_batch - 1),
                 )
         except sqlite3.Error as e:
-            raise _error(self.path, e, "cannot renumber") from None
+            raise spool_error(self.path, e, "cannot renumber") from None
         if self._acked_through:
             self._acked_through -= low_id - 1
         self._count()
@@ -452,7 +340,7 @@ class Spool:
                 else:
                     chunk.invalid += 1
         except sqlite3.Error as e:
-            raise _error(self.path, e, "cannot read") from None
+            raise spool_error(self.path, e, "cannot read") from None
         if chunk is not None:
             self._cached = ((first, max_bytes), chunk)
         return chunk
@@ -475,7 +363,7 @@ class Spool:
                 self._conn().execute("DELETE FROM points WHERE id <= ?", (self._acked_through,))
         except sqlite3.Error as e:
             if raise_errors:
-                raise _error(self.path, e, "cannot delete sent points") from None
+                raise spool_error(self.path, e, "cannot delete sent points") from None
             return
         self._forget_acked()
         self.size_bytes = self._used_bytes()
@@ -493,7 +381,7 @@ class Spool:
                 .fetchone()
             )
         except sqlite3.Error as e:
-            raise _error(self.path, e, "cannot read") from None
+            raise spool_error(self.path, e, "cannot read") from None
         if row is None:
             return None
         line = row[0]
@@ -515,9 +403,9 @@ class Spool:
         path = self.dir / _PROBE
         try:
             with contextlib.suppress(FileNotFoundError):
-                _check_own_file(path)
+                check_own_file(path)
                 path.unlink()
-            fd = _open_own(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            fd = open_own(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
             try:
                 if os.write(fd, b"\n") != 1:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -528,7 +416,7 @@ class Spool:
         except OSError as e:
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
-            raise _error(path, e) from None
+            raise spool_error(path, e) from None
         if self._db is not None:
             self._retry_ack(raise_errors=True)
 

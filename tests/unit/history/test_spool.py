@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from gpudaemon.errors import SpoolError
-from gpudaemon.history.spool import DB_NAME, Spool, valid_line
+from gpudaemon.history.linecheck import valid_line
+from gpudaemon.history.spool import DB_NAME, Spool
 from tests.integration.influx.tmpfs import fill, resize, small_tmpfs
 
 
