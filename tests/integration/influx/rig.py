@@ -25,6 +25,12 @@ PERIOD = 10.0
 ALWAYS = {r.influx_field for r in catalogue.rows("gpu") if not r.label} - {
     "retired_pages_pending",
 } | {"healthy", "xid_errors_total"}
+# GPM's fields (issue 33) need two samples: a process's first poll has none of them.
+GPM_FIELDS = {
+    *(f"{m}_active_ratio" for m in ("sm", "tensor", "dram", "fp64")),
+    "sm_occupancy_ratio",
+    *(f"{bus}_{d}_bytes_total" for bus in ("nvlink", "pcie") for d in ("tx", "rx")),
+}
 
 
 Clock = FakeClock  # the shared test clock (tests/clock.py); starts at T0
