@@ -8,7 +8,7 @@ first and appends the second's per-snapshot cached bytes (metrics/http.py)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 
 from loguru import logger
@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 from gpudaemon.agent.cache import Cache
 from gpudaemon.agent.metrics.exposition import encode_families
 from gpudaemon.catalogue import CATALOGUE, PREFIX, MigValue, Series
-from gpudaemon.model import GpuInfo, PodMap, Snapshot
+from gpudaemon.model import GpuInfo, GpuSample, PodMap, Snapshot
 
 _NO_POD = ("", "", "")
 _NO_PODS: PodMap = MappingProxyType({})
@@ -67,6 +67,10 @@ class GpuCollector(Collector):
         self.pods = pods
         # openmetrics? -> (snapshot, pod map, encoded bytes); objects compared by identity
         self._rendered: dict[bool, tuple[Snapshot, PodMap, bytes]] = {}
+        # (openmetrics?, row name) -> (its values and labels, its encoded family): a row
+        # whose values did not change since the last render (the slow schedules' rows,
+        # NVLink's 72 counters per GPU among them) is not encoded again.
+        self._families: dict[tuple[bool, str], tuple[object, bytes]] = {}
 
     def describe(self) -> list[Metric]:
         return []  # unchecked collector: families depend on the cache contents
@@ -81,9 +85,37 @@ class GpuCollector(Collector):
         hit = self._rendered.get(openmetrics)
         if hit is not None and hit[0] is snap and hit[1] is pods:
             return hit[2]
-        body = encode_families(self.gpu_families(snap, pods), openmetrics)
+        body = self._encode(snap, pods, openmetrics)
         self._rendered[openmetrics] = (snap, pods, body)
         return body
+
+    def _encode(self, snap: Snapshot, pods: PodMap, openmetrics: bool) -> bytes:
+        """gpu_families' families encoded, each GPU row's text reused while its values
+        and labels are those of the last render (byte for byte the same output)."""
+        inv = snap.inventory
+        if inv is None:
+            return b""
+        base = self._base(inv.gpus, pods)
+        labels = tuple(tuple(v) for v in base.values())
+        samples = [s for s in snap.samples if s.index in base]
+        labelsets: dict[tuple[tuple[str, str], ...], str] = {}
+        parts: list[bytes] = []
+        for row in CATALOGUE:
+            if row.gpu is None or row.info is not None:  # info and MIG rows: few series
+                fam = next(self._families_of((row,), snap, pods, base, samples))
+                parts.append(encode_families((fam,), openmetrics, labelsets))
+                continue
+            values = tuple((s.index, label, v) for s in samples for label, v in row.gpu(s))
+            key = (values, labels)
+            hit = self._families.get((openmetrics, row.name))
+            if hit is not None and hit[0] == key:
+                parts.append(hit[1])
+                continue
+            fam = next(self._families_of((row,), snap, pods, base, samples))
+            text = encode_families((fam,), openmetrics, labelsets)
+            self._families[(openmetrics, row.name)] = (key, text)
+            parts.append(text)
+        return b"".join(parts)
 
     def gpu_families(self, snap: Snapshot, pods: PodMap) -> Iterator[Metric]:
         """One family per catalogue row, in catalogue order; absent readings are left
@@ -91,8 +123,14 @@ class GpuCollector(Collector):
         inv = snap.inventory
         if inv is None:
             return
+        base = self._base(inv.gpus, pods)
+        samples = [s for s in snap.samples if s.index in base]
+        yield from self._families_of(CATALOGUE, snap, pods, base, samples)
+
+    def _base(self, gpus: Sequence[GpuInfo], pods: PodMap) -> dict[int, list[str]]:
+        """Each GPU's label values: gpu, uuid, model, node, and its pod when attributed."""
         base: dict[int, list[str]] = {}
-        for g in inv.gpus:
+        for g in gpus:
             ref = pods.get(g.uuid)
             base[g.index] = [
                 str(g.index),
@@ -101,8 +139,19 @@ class GpuCollector(Collector):
                 self.node,
                 *((ref.pod, ref.namespace, ref.container) if ref else _NO_POD),
             ]
-        samples = [s for s in snap.samples if s.index in base]
-        for row in CATALOGUE:
+        return base
+
+    def _families_of(
+        self,
+        rows: Iterable[Series],
+        snap: Snapshot,
+        pods: PodMap,
+        base: Mapping[int, list[str]],
+        samples: Sequence[GpuSample],
+    ) -> Iterator[Metric]:
+        inv = snap.inventory
+        assert inv is not None
+        for row in rows:
             fam = _family(row)
             if row.info is not None:
                 for g in inv.gpus:

@@ -28,9 +28,16 @@ def _value(s: str) -> str:
     return s.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-def encode_families(families: Iterable[Metric], openmetrics: bool) -> bytes:
-    """The families as exposition text; OpenMetrics output has no trailing `# EOF`."""
-    labelsets: dict[tuple[tuple[str, str], ...], str] = {}
+LabelSets = dict[tuple[tuple[str, str], ...], str]
+
+
+def encode_families(
+    families: Iterable[Metric], openmetrics: bool, labelsets: LabelSets | None = None
+) -> bytes:
+    """The families as exposition text; OpenMetrics output has no trailing `# EOF`.
+    `labelsets`: formatted label sets to share across calls (one render's families)."""
+    if labelsets is None:
+        labelsets = {}
     out: list[str] = []
     for f in families:
         if f.type not in ("gauge", "counter"):

@@ -244,3 +244,35 @@ def test_simulated_mig_node_exports_56_instances() -> None:
     fams = {m.name: m for m in reg.collect()}
     assert len(fams["gpudaemon_mig_memory_total_bytes"].samples) == 56
     assert len(fams["gpudaemon_gpu_healthy"].samples) == 8
+
+
+@pytest.mark.parametrize("profile", ["dgx-h100", "a100-mig"])
+def test_a_render_reusing_unchanged_rows_is_what_prometheus_client_writes(profile: str) -> None:
+    """render_gpus keeps each row's text while its values and labels hold (the slow
+    schedules' rows between their reads): every render, after new samples and a new
+    pod map, equals prometheus-client's own encoding."""
+    from prometheus_client.exposition import generate_latest as text_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+
+    from gpudaemon.model import PodRef
+
+    backend = SimulatedBackend(load_profile(profile), seed=3)
+    cache = Cache()
+    inv = backend.inventory()
+    cache.put_inventory(inv)
+    pod_maps: list[PodMap] = [{}, {inv.gpus[1].uuid: PodRef("ml", "train-0", "main")}]
+    current: dict[str, PodMap] = {"pods": pod_maps[0]}
+    col = GpuCollector(cache, NODE, pods=lambda: current["pods"])
+
+    class Fresh:  # prometheus-client's path: the families built anew, no reuse
+        def collect(self) -> list:  # type: ignore[type-arg]
+            return list(col.gpu_families(cache.get(), current["pods"]))
+
+    for step in range(6):
+        cache.put_samples(backend.sample())
+        if step == 4:
+            current["pods"] = pod_maps[1]
+        for om in (False, True):
+            want = om_latest(Fresh()) if om else text_latest(Fresh())  # type: ignore[arg-type]
+            got = col.render_gpus(om) + (b"# EOF\n" if om else b"")
+            assert got == want, (step, om)
