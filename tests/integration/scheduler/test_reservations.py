@@ -177,8 +177,11 @@ def test_a_reservation_on_the_rebalancers_lease_keeps_room_while_it_is_held(
     admin.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses",
                   body={"metadata": {"name": "resv-high"}, "value": 1000})  # fmt: skip
     # The pod the rebalancer made room for: pending (it selects no node yet), priority 1000.
-    big = admin.request("POST", f"/api/v1/namespaces/{NS}/pods",
-                        body=gpu_pod("resv-big", 6, "resv-later", priorityClassName="resv-high"))  # fmt: skip
+    # The Priority admission plugin reads PriorityClasses from its informer: a pod made
+    # at once may be refused ("no PriorityClass ... found") until it has the new one.
+    big = wait_for(lambda: admin.request("POST", f"/api/v1/namespaces/{NS}/pods",
+                   body=gpu_pod("resv-big", 6, "resv-later", priorityClassName="resv-high")),
+                   10, what="resv-big admitted with its PriorityClass")  # fmt: skip
     uid = big["metadata"]["uid"]
     wait_for(lambda: rig.extender.pending.get(uid), 30, what="the extender to see resv-big")  # type: ignore[union-attr]
     entry = {"uid": uid, "pod": f"{NS}/resv-big", "node": "resv-0", "gpus": 6,
