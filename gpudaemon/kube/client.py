@@ -23,7 +23,9 @@ from loguru import logger
 from gpudaemon.errors import (
     ConfigError,
     KubeError,
+    KubeForbiddenError,
     KubeInvalidError,
+    KubeNotFoundError,
     KubeUnavailableError,
 )
 from gpudaemon.kube.failures import describe_failure, error_for
@@ -200,7 +202,18 @@ class KubeClient:
             "kind": "Node",
             "metadata": {"name": name, "labels": dict(labels), "annotations": dict(ann)},
         }
-        return self.apply(f"/api/v1/nodes/{name}", body)
+        try:
+            return self.apply(f"/api/v1/nodes/{name}", body)
+        except KubeForbiddenError as e:
+            # Server-side apply to a missing Node is a create, which this identity may
+            # not do: the API server answers 403, but the cause is the missing Node.
+            if 'cannot create resource "nodes"' not in str(e):
+                raise
+            raise KubeNotFoundError(
+                f'PATCH /api/v1/nodes/{name}: nodes "{name}" not found (server-side apply '
+                "would create it, which this identity may not)",
+                404,
+            ) from None
 
     def patch_node(self, name: str, patch: Mapping[str, Any], status: bool = False) -> Any:
         """A strategic-merge patch of the Node (or its status subresource): for the

@@ -549,3 +549,25 @@ def test_watch_raises_gone_on_http_410(tmp_path: Any) -> None:
             list(srv.client.watch("/api/v1/nodes", "1", timeout_s=5))
     finally:
         srv.close()
+
+
+@pytest.mark.parametrize(
+    ("message", "err"),
+    [
+        ('nodes "n1" is forbidden: User "a" cannot create resource "nodes"', KubeNotFoundError),
+        ('nodes "n1" is forbidden: User "a" cannot patch resource "nodes"', KubeForbiddenError),
+    ],
+)
+def test_apply_to_a_missing_node_says_not_found_not_forbidden(message: str, err: type) -> None:
+    """Server-side apply to a deleted Node is a create; RBAC refuses it with 403, but
+    what the operator must hear is that the Node is gone."""
+    client = kube.KubeClient.__new__(kube.KubeClient)
+
+    def refuse(path: str, body: Any) -> Any:
+        raise KubeForbiddenError(f"PATCH {path}: HTTP 403: {message}", 403)
+
+    client.apply = refuse  # type: ignore[method-assign]
+    with pytest.raises(err) as got:
+        client.apply_node("n1", {}, {})
+    assert type(got.value) is err
+    assert ('nodes "n1" not found' in str(got.value)) == (err is KubeNotFoundError)
