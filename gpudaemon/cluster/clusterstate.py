@@ -10,8 +10,15 @@ bound there - GPUs assumed for pods this extender ranked but has not yet seen bo
 MIG devices (the device plugin's mixed strategy) are counted the same way, per profile
 resource `nvidia.com/mig-<profile>`.
 
+With DRA on (`dra=True`), a node's NVIDIA devices in ResourceSlices add to its
+allocatable GPUs and MIG devices (less those tainted that no claim holds and our agent
+does not already report unhealthy), devices allocated to claims add to its requested
+ones, and a pod's claims not yet allocated add to its shape, so every filter and policy
+judges DRA pods as device-plugin ones.
+
 Concerns, one module each: reading a Node (`nodes.py`), the agents' Leases
-(`freshness.py`), bound and assumed pods (`assume.py`).
+(`freshness.py`), bound and assumed pods (`assume.py`), the DRA objects (`dra.py`,
+`drastate.py`) and a DRA pod's assumption (`draassume.py`).
 """
 
 from __future__ import annotations
@@ -23,10 +30,13 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from gpudaemon.cluster.assume import AssumeCache, PodUsage
+from gpudaemon.cluster.dra import pod_claim_refs
+from gpudaemon.cluster.draassume import DraAssumptions
+from gpudaemon.cluster.drastate import DraState
 from gpudaemon.cluster.freshness import Freshness
 from gpudaemon.cluster.nodes import BadNodes, agent_values_id, read_node
 from gpudaemon.cluster.podspec import pod_gang, pod_shape
-from gpudaemon.cluster.state import NodeState, PodShape
+from gpudaemon.cluster.state import NodeState, PodShape, add_mig
 from gpudaemon.errors import BadValueError
 from gpudaemon.labels.keys import GPU_PRODUCT
 from gpudaemon.labels.sanitize import DEFAULT_PREFIX
@@ -77,6 +87,7 @@ class ClusterState:
         wall: Callable[[], float] = time.time,
         node_view: View | None = None,
         pod_view: View | None = None,
+        dra: bool = False,
     ) -> None:
         self.prefix = prefix
         self.product_label = prefix + GPU_PRODUCT
@@ -104,6 +115,9 @@ class ClusterState:
         self._node_views: dict[str, Any] = {}  # by node name: readable nodes only
         self._pod_views: dict[str, Any] = {}  # by pod UID: bound, non-terminal only
         self._degraded: set[str] = set()  # nodes with gpus_degraded_free > 0
+        self._raw: dict[str, NodeState] = {}  # as the Node alone says (before DRA)
+        self.dra = DraState(self._dra_changed) if dra else None
+        self._dra_assumed = DraAssumptions(self._usage, self._claim_allocated, self.dra)
 
     @property
     def bad_values(self) -> dict[str, int]:
@@ -128,6 +142,7 @@ class ClusterState:
         with self._lock:
             gone = set(self._nodes)
             self._nodes.clear()
+            self._raw.clear()
             self._node_uids.clear()
             self._node_views.clear()
             self._states.clear()
@@ -146,6 +161,7 @@ class ClusterState:
         with self._lock:
             if kind == "DELETED":
                 self._nodes.pop(name, None)
+                self._raw.pop(name, None)
                 self._node_uids.pop(name, None)
                 self._node_views.pop(name, None)
                 self._states.pop(name, None)
@@ -182,7 +198,8 @@ class ClusterState:
         else:
             self._bad.note_good(name)
             self._put_view(self._node_view, self._node_views, name, obj)
-        self._nodes[name] = st
+        self._raw[name] = st
+        st = self._nodes[name] = self._fold(st)
         if st.gpus_degraded_free:
             self._degraded.add(name)
         else:
@@ -191,6 +208,32 @@ class ClusterState:
         self._states.pop(name, None)
         for listener in self._node_listeners:
             listener.observe_node(st)
+
+    def _fold(self, st: NodeState) -> NodeState:
+        """The node with its DRA devices (see the module's docstring)."""
+        c = self.dra.counts(st.name) if self.dra is not None else None
+        if c is None:
+            return st
+        tainted = sum(1 for u in c.tainted_free if u not in st.unhealthy_uuids)
+        mig = add_mig(add_mig(st.mig_allocatable, c.mig), c.mig_tainted_free, -1)
+        return replace(st, gpus_allocatable=st.gpus_allocatable + c.gpus - tainted,
+                       mig_allocatable=mig)  # fmt: skip
+
+    def _dra_changed(self, name: str) -> None:
+        """A node's DRA devices, allocations or taints changed."""
+        self._states.pop(name, None)
+        raw = self._raw.get(name)
+        if raw is None:
+            return
+        st = self._fold(raw)
+        if st != self._nodes.get(name):
+            self._nodes[name] = st
+            for listener in self._node_listeners:
+                listener.observe_node(st)
+
+    def _claim_allocated(self, key: str) -> bool:
+        c = self.dra.claims.get(key) if self.dra is not None else None
+        return c is not None and c.allocated
 
     @staticmethod
     def _put_view(view: View | None, into: dict[str, Any], key: str, obj: Obj) -> None:
@@ -229,6 +272,7 @@ class ClusterState:
                 uid = str((obj.get("metadata") or {}).get("uid", ""))
                 self._drop_pod(uid)
                 self._usage.drop_assumed(uid)
+                self._dra_assumed.forget(uid)
             else:
                 self._put_pod(obj)
 
@@ -240,7 +284,10 @@ class ClusterState:
         self._drop_pod(uid)
         if not node:
             return
-        self._usage.drop_assumed(uid)  # bound: the real placement replaces the assumption
+        if self._dra_assumed.tracks(uid):  # its claims' devices: until allocated
+            self._dra_assumed.settle(uid, node, self.clock())
+        else:  # bound: the real placement replaces the assumption
+            self._usage.drop_assumed(uid)
         if phase in TERMINAL_PHASES:
             return
         try:
@@ -291,6 +338,42 @@ class ClusterState:
                 return
             ttl = self.gang_assume_ttl_s if gang and self.gang_waits(gang) else self.assume_ttl_s
             self._usage.assume(pod_uid, node, shape, self.clock(), ttl, gang, self.wall())
+            self._dra_assumed.note(pod_uid, shape)
+
+    # -- DRA --------------------------------------------------------------------------
+
+    def with_dra(self, pod: Obj, shape: PodShape) -> PodShape:
+        """`shape` plus what the pod's DRA claims not yet allocated ask for; unchanged
+        without DRA, for a pod without claims, or for claims not understood."""
+        return shape if self.dra is None else self.with_claims(pod_claim_refs(pod), shape)
+
+    def with_claims(self, refs: Sequence[tuple[str, str]], shape: PodShape) -> PodShape:
+        """`with_dra` for the claims `dra.pod_claim_refs` read from a pod."""
+        if self.dra is None or not refs:
+            return shape
+        with self._lock:
+            needs = self.dra.needs(refs)
+        if not needs.parts:
+            return shape
+        return replace(shape, gpus=shape.gpus + needs.gpus, mig=add_mig(shape.mig, needs.mig),
+                       dra=needs.parts)  # fmt: skip
+
+    def dra_counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(unreadable objects by kind, claims not understood by reason): the metric."""
+        with self._lock:
+            d = self.dra
+            return (dict(d.bad), dict(d.not_understood)) if d is not None else ({}, {})
+
+    def dra_event(self, kind: str) -> Callable[[str, Obj], None]:
+        """The watch handler for one DRA kind (`resourceslices`, ...)."""
+        return self._dra_assumed.handler(kind, self._lock, self._settle_one)
+
+    def dra_replace(self, kind: str) -> Callable[[Iterable[Obj]], None]:
+        return self._dra_assumed.replacer(kind, self._lock, self._settle_one)
+
+    def _settle_one(self, uid: str) -> None:
+        pod = self._usage.pods.get(uid)
+        self._dra_assumed.settle(uid, pod.node if pod is not None else "", self.clock())
 
     def unassume_if_failed_since(self, pod_uid: str, failed_at: float) -> None:
         """The scheduler reported the pod unschedulable at wall time `failed_at` (its
@@ -322,6 +405,9 @@ class ClusterState:
                     if base is not None:
                         g, c, m, mig = self._usage.usage(name)
                         ag, amig = self._usage.assumed_usage(name)
+                        dc = self.dra.counts(name) if self.dra is not None else None
+                        if dc is not None:  # devices allocated to claims
+                            g, mig = g + dc.gpus_allocated, add_mig(mig, dc.mig_allocated)
                         st = replace(
                             base,
                             gpus_requested=g,

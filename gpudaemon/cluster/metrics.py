@@ -58,3 +58,41 @@ class BadDataCollector(Collector):
         for kind, n in sorted(self.handler_errors().items()):
             errors.add_metric([kind], n)
         yield errors
+
+
+class DraCollector(Collector):
+    """DRA objects skipped as unreadable, by kind, and claims judged with no opinion,
+    by reason (cluster/dra.py NOT_UNDERSTOOD): read at scrape time from the store."""
+
+    def __init__(
+        self, program: str, counts: Callable[[], tuple[Mapping[str, int], Mapping[str, int]]]
+    ) -> None:
+        self.program, self.counts = program, counts
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        from gpudaemon.cluster.dra import NOT_UNDERSTOOD
+
+        bad, not_understood = self.counts()
+        fam = CounterMetricFamily(
+            f"gpudaemon_{self.program}_dra_claims_not_understood",
+            "Pods' DRA claims the extender has no opinion on (never filters a node out "
+            "for), by reason: another driver's devices, CEL it cannot evaluate, adminAccess, "
+            "allocationMode All, tolerations, ...; counted once per claim and reason.",
+            labels=["reason"],
+        )
+        for reason in sorted({*NOT_UNDERSTOOD, *not_understood}):
+            fam.add_metric([reason], not_understood.get(reason, 0))
+        yield fam
+        skipped = CounterMetricFamily(
+            f"gpudaemon_{self.program}_dra_bad_objects",
+            "DRA objects (resource.k8s.io/v1) that could not be read (over a cap or not of "
+            "the schema), by kind: skipped.",
+            labels=["kind"],
+        )
+        for kind in sorted({*DRA_KINDS, *bad}):
+            skipped.add_metric([kind], bad.get(kind, 0))
+        yield skipped
+
+
+DRA_KINDS = ("resourceslices", "resourceclaims", "resourceclaimtemplates", "deviceclasses",
+             "devicetaintrules")  # fmt: skip

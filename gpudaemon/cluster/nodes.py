@@ -36,7 +36,7 @@ def read_node(
     p = prefix
     has_agent = (p + GPU_COUNT) in labels
     count = healthy = unhealthy = 0
-    utilization, degraded = None, 0
+    utilization, degraded, sick = None, 0, frozenset[str]()
     if agent and has_agent:
         count = count_label(labels[p + GPU_COUNT], GPU_COUNT)
         healthy = _count(labels, p + GPU_HEALTHY, count)
@@ -44,7 +44,8 @@ def read_node(
         # `gpu.count` counts MIG devices, so count - healthy would be wrong there.
         unhealthy = _count(labels, p + GPU_UNHEALTHY, max(0, count - healthy))
     if agent:
-        utilization, degraded = _gpu_facts((meta.get("annotations") or {}).get(p + GPUS_ANNOTATION))
+        ann = (meta.get("annotations") or {}).get(p + GPUS_ANNOTATION)
+        utilization, degraded, sick = _gpu_facts(ann)
     mig = tuple(
         sorted(
             (k.removeprefix(MIG_RESOURCE_PREFIX), n)
@@ -62,6 +63,7 @@ def read_node(
         memory_allocatable_bytes=int(_q(alloc.get("memory"))),
         utilization_ratio=utilization,
         gpus_degraded_free=degraded,
+        unhealthy_uuids=sick,
         has_agent_labels=has_agent,
         gpus_total=count,
         bad_data=bad,
@@ -134,13 +136,15 @@ def _count(labels: Obj, key: str, default: int) -> int:
     return default if v is None else count_label(v, key.rpartition("/")[2])
 
 
-def _gpu_facts(annotation: object) -> tuple[float | None, int]:
-    """(mean `utilization_pct` as a ratio, degraded GPUs no pod holds) of the agent's
+def _gpu_facts(annotation: object) -> tuple[float | None, int, frozenset[str]]:
+    """(mean `utilization_pct` as a ratio, degraded GPUs no pod holds, UUIDs of the
+    unhealthy GPUs) of the agent's
     `gpus` annotation, read with its own bounded decoder (next to its encoder, which
     checks `state`). Absent: (None, 0); unreadable: BadValueError."""
     if annotation is None:
-        return None, 0
+        return None, 0, frozenset()
     gpus = decode_gpus(annotation)
     vals = [g.utilization_pct for g in gpus if g.utilization_pct is not None]
     degraded = sum(1 for g in gpus if g.state == "degraded" and not g.pods)
-    return (sum(vals) / len(vals) / 100.0 if vals else None), degraded
+    sick = frozenset(g.uuid for g in gpus if not g.healthy)
+    return (sum(vals) / len(vals) / 100.0 if vals else None), degraded, sick

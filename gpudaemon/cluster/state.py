@@ -22,6 +22,10 @@ class PodShape:
     # MIG devices asked for (mixed strategy): sorted (profile, count), e.g.
     # (("1g.10gb", 2),) for nvidia.com/mig-1g.10gb: 2.
     mig: tuple[tuple[str, int], ...] = ()
+    # Of the above, what the pod's DRA claims not yet allocated ask for, per claim:
+    # (claim key, GPUs, MIG devices). Not part of the shape's identity (the policies
+    # memoize scores by shape): it tells the assumption which allocations to wait for.
+    dra: tuple[tuple[str, int, tuple[tuple[str, int], ...]], ...] = field(default=(), compare=False)
 
     def fits_model(self, model: str) -> bool:
         return self.gpu_models is None or model in self.gpu_models
@@ -75,6 +79,9 @@ class NodeState:
     # Why the agent's labels or annotation could not be read ("" when they could): such
     # a node has no data, is never fresh, and /filter says so (issue 28).
     bad_data: str = ""
+    # UUIDs of the GPUs the agent reports unhealthy (its `gpus` annotation): a DRA
+    # device both tainted and unhealthy is subtracted once (clusterstate folds DRA in).
+    unhealthy_uuids: frozenset[str] = frozenset()
     # Degraded GPUs (the agent's verdict: schedulable, but watched) that no pod holds,
     # by the `gpus` annotation's per-GPU state and holders (issue 30). They are among
     # `gpus_free`; ranking prefers a node whose other free GPUs are enough for the pod.

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from gpudaemon import __version__
 from gpudaemon.cluster.clusterstate import ClusterState
-from gpudaemon.cluster.metrics import BadDataCollector
+from gpudaemon.cluster.metrics import DRA_KINDS, BadDataCollector, DraCollector
 from gpudaemon.cluster.policies import Policy, build_policies, policy_spec
 from gpudaemon.cluster.reservations import LeaseReservations, ReservationCollector
 from gpudaemon.cluster.selectors import POD_SELECTOR, pending_selector, unschedulable_since
@@ -67,6 +67,21 @@ def observability_only(app: WsgiApp) -> WsgiApp:
     return wsgi
 
 
+DRA_PATH = "/apis/resource.k8s.io/v1/"
+
+
+def dra_reflectors(
+    client: ListWatchClient, c: ClusterState, cap_s: float, clock: Callable[[], float]
+) -> list[Reflector]:
+    """One informer per DRA kind (read-only, paged as the others), into `c`'s store.
+    Shared with the rebalancer."""
+    return [
+        Reflector(client, kind, DRA_PATH + kind, c.dra_replace(kind), c.dra_event(kind),
+                  backoff=Backoff(0.5, cap_s), clock=clock)
+        for kind in DRA_KINDS
+    ]  # fmt: skip
+
+
 class Extender:
     def __init__(
         self,
@@ -95,6 +110,7 @@ class Extender:
             cfg.labels.prefix,
             assume_ttl_s=ext.assume_ttl_seconds,
             gang_assume_ttl_s=ext.gang_assume_ttl_seconds,
+            dra=ext.dra,
         )
         self.pending = PendingPods(self.cluster.product_label)
         self.cluster.gang_waits = self.pending.waits_at_permit
@@ -117,6 +133,8 @@ class Extender:
                       self._pending_event, query={"fieldSelector": pending},
                       backoff=Backoff(0.5, cap), clock=clock),
         ]  # fmt: skip
+        if ext.dra:
+            self.reflectors += dra_reflectors(client, c, cap, clock)
         self.runner = Runner(self.reflectors, client=client, clock=clock)
         self.verifier = PodVerifier(
             self.pending,
@@ -145,6 +163,7 @@ class Extender:
         self.registry.register(ReservationCollector(self.reservations))
         self.registry.register(CacheCollector(self.sizes, self.cache_ages))
         self.registry.register(NodeCollector(self.cluster))
+        self.registry.register(DraCollector("extender", self.cluster.dra_counts))
         self.registry.register(
             BadDataCollector("extender", self.cluster.bad_counts, self.runner.handler_errors)
         )

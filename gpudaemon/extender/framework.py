@@ -113,7 +113,7 @@ class Framework:
 
     def shape(self, pod: Mapping[str, Any]) -> PodShape:
         try:
-            return pod_shape(pod, self.cluster.product_label)
+            return self.cluster.with_dra(pod, pod_shape(pod, self.cluster.product_label))
         except ValueError as e:
             raise BadPod(f"pod resources: {e}") from None
         except (AttributeError, TypeError):
@@ -147,7 +147,7 @@ class Framework:
         if real is None:
             self.metrics.unverified.labels(why).inc()
             return None
-        return real.uid, real.shape, real.gang
+        return real.uid, self.cluster.with_claims(real.claims, real.shape), real.gang
 
     def _scored(
         self, cycle: Cycle, names: Sequence[str], states: Mapping[str, NodeState | None]

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpudaemon.cluster.dra import pod_claim_refs
 from gpudaemon.cluster.podspec import native_pod_group, pod_gang, pod_shape
 from gpudaemon.cluster.state import PodShape
 from gpudaemon.config import DNS1123_SUBDOMAIN
@@ -42,6 +43,9 @@ class RealPod:
     gang: str = ""  # namespace/podgroup (native PodGroup or Coscheduling's), "" for none
     priority: int = 0
     native_gang: bool = False  # of a native PodGroup (spec.schedulingGroup)
+    # Its DRA claims (dra.pod_claim_refs): what they ask for is read when it is judged,
+    # as the claims are created and allocated after the pod.
+    claims: tuple[tuple[str, str], ...] = ()
 
 
 def priority_of(obj: Obj) -> int:
@@ -75,6 +79,7 @@ class PendingPods:
             pod_gang(obj),
             priority_of(obj),
             bool(native_pod_group(obj)),
+            pod_claim_refs(obj),
         )
 
     def replace(self, items: Iterable[Obj]) -> None:

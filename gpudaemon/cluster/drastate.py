@@ -1,0 +1,361 @@
+"""The DRA objects the extender and the rebalancer watch, kept as `dra.py` reads them,
+and what they mean per node: NVIDIA GPU and MIG devices in the node's slices, those
+allocated to claims, and those tainted (NoSchedule/NoExecute, in the slice or by a
+DeviceTaintRule) that no claim holds. Also a pod's needs: the GPU and MIG counts of its
+claims not yet allocated.
+
+Not locked: ClusterState holds its lock around every call. Objects that cannot be read
+are skipped and counted by kind (`bad`); a pod's claims we cannot judge are counted
+once per claim by reason (`not_understood`) and get no opinion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import cast
+
+from gpudaemon.cluster.dra import (
+    DRIVER,
+    Alternatives,
+    BadDraObject,
+    Claim,
+    Device,
+    Match,
+    Slice,
+    TaintRule,
+    merge,
+    parse_claim,
+    parse_class,
+    parse_slice,
+    parse_taint_rule,
+    parse_template,
+)
+from gpudaemon.cluster.state import MigCounts, add_mig
+
+_COUNTED_CAP = 10_000  # claims remembered as counted in the not-understood metric
+
+
+@dataclass(frozen=True, slots=True)
+class DraCounts:
+    """One node's devices. `tainted_free` are GPU UUIDs: the caller leaves out those
+    its agent already reports unhealthy, so a device is subtracted once."""
+
+    gpus: int = 0
+    mig: MigCounts = ()
+    gpus_allocated: int = 0
+    mig_allocated: MigCounts = ()
+    tainted_free: tuple[str, ...] = ()
+    mig_tainted_free: MigCounts = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Needs:
+    """A pod's claims not yet allocated, summed; `parts` per claim key (for keeping an
+    assumption until each claim's allocation is seen). `reason`: no opinion."""
+
+    gpus: int = 0
+    mig: MigCounts = ()
+    parts: tuple[tuple[str, int, MigCounts], ...] = ()
+    reason: str = ""
+
+
+NO_NEEDS = Needs()
+
+
+class DraState:
+    def __init__(self, changed: Callable[[str], None]) -> None:
+        self._changed = changed  # a node's counts changed
+        self.slices: dict[str, Slice] = {}
+        self._pool_node: dict[str, str] = {}
+        self._node_slices: dict[str, set[str]] = {}
+        self.claims: dict[str, Claim] = {}
+        self.classes: dict[str, Match | None] = {}
+        self.templates: dict[str, tuple[Alternatives, ...]] = {}
+        self.rules: dict[str, TaintRule] = {}
+        self._allocated: dict[tuple[str, str, str], int] = {}
+        self._counts: dict[str, DraCounts] = {}
+        self.bad: dict[str, int] = {}  # by kind: objects skipped
+        self.not_understood: dict[str, int] = {}  # by reason: claims with no opinion
+        self._counted: set[tuple[str, str]] = set()
+
+    def _bad(self, kind: str) -> None:
+        self.bad[kind] = self.bad.get(kind, 0) + 1
+
+    def _touch(self, nodes: Iterable[str]) -> None:
+        for n in nodes:
+            self._counts.pop(n, None)
+            self._changed(n)
+
+    def nodes(self) -> list[str]:
+        return list(self._node_slices)
+
+    # -- slices --------------------------------------------------------------------
+
+    def slice_event(self, kind: str, obj: object) -> None:
+        name = _name(obj)
+        old = self.slices.pop(name, None)
+        touched = set()
+        if old is not None:
+            touched.add(old.node)
+            names = self._node_slices.get(old.node, set())
+            names.discard(name)
+            if not names:
+                self._node_slices.pop(old.node, None)
+                self._pool_node.pop(old.pool, None)
+        if kind != "DELETED":
+            try:
+                s = parse_slice(obj)
+            except BadDraObject:
+                self._bad("resourceslices")
+                s = None
+            if s is not None:
+                self.slices[name] = s
+                self._node_slices.setdefault(s.node, set()).add(name)
+                self._pool_node[s.pool] = s.node
+                touched.add(s.node)
+        self._touch(touched)
+
+    def replace_slices(self, items: Iterable[object]) -> None:
+        for name in list(self.slices):
+            self.slice_event("DELETED", {"metadata": {"name": name}})
+        for obj in items:
+            self.slice_event("ADDED", obj)
+
+    # -- claims --------------------------------------------------------------------
+
+    def claim_event(self, kind: str, obj: object) -> Claim | None:
+        """The claim as now held (None: gone or unreadable)."""
+        key = _key(obj)
+        old = self.claims.pop(key, None)
+        touched = set()
+        if old is not None:
+            touched |= self._allocate(old, -1)
+        new = None
+        if kind != "DELETED":
+            try:
+                new = parse_claim(obj)
+            except BadDraObject:
+                self._bad("resourceclaims")
+        if new is not None:
+            self.claims[key] = new
+            touched |= self._allocate(new, +1)
+        self._touch(touched)
+        return new
+
+    def replace_claims(self, items: Iterable[object]) -> None:
+        self.claims.clear()
+        self._allocated.clear()
+        self._counts.clear()
+        for obj in items:
+            self.claim_event("ADDED", obj)
+        self._touch(list(self._node_slices))
+
+    def _allocate(self, c: Claim, sign: int) -> set[str]:
+        nodes = set()
+        for r in c.results:
+            n = self._allocated.get(r, 0) + sign
+            if n > 0:
+                self._allocated[r] = n
+            else:
+                self._allocated.pop(r, None)
+            if r[0] == DRIVER and (node := self._pool_node.get(r[1])):
+                nodes.add(node)
+        return nodes
+
+    # -- classes, templates, taint rules -------------------------------------------
+
+    def class_event(self, kind: str, obj: object) -> None:
+        if kind == "DELETED":
+            self.classes.pop(_name(obj), None)
+            return
+        try:
+            name, match = parse_class(obj)
+        except BadDraObject:
+            self._bad("deviceclasses")
+            self.classes.pop(_name(obj), None)
+            return
+        self.classes[name] = match
+
+    def replace_classes(self, items: Iterable[object]) -> None:
+        self.classes.clear()
+        for obj in items:
+            self.class_event("ADDED", obj)
+
+    def template_event(self, kind: str, obj: object) -> None:
+        key = _key(obj)
+        self.templates.pop(key, None)
+        if kind == "DELETED":
+            return
+        try:
+            key, reqs = parse_template(obj)
+        except BadDraObject:
+            self._bad("resourceclaimtemplates")
+            return
+        self.templates[key] = reqs
+
+    def replace_templates(self, items: Iterable[object]) -> None:
+        self.templates.clear()
+        for obj in items:
+            self.template_event("ADDED", obj)
+
+    def rule_event(self, kind: str, obj: object) -> None:
+        name = _name(obj)
+        self.rules.pop(name, None)
+        if kind != "DELETED":
+            try:
+                rule = parse_taint_rule(obj)
+            except BadDraObject:
+                self._bad("devicetaintrules")
+                rule = None
+            if rule is not None:
+                self.rules[name] = rule
+        self._touch(list(self._node_slices))  # rules are few and rare: recount all
+
+    def replace_rules(self, items: Iterable[object]) -> None:
+        self.rules.clear()
+        for obj in items:
+            self.rule_event("ADDED", obj)
+        self._touch(list(self._node_slices))
+
+    # -- reads ---------------------------------------------------------------------
+
+    def devices(self, node: str) -> Iterable[tuple[str, Device]]:
+        """(pool, device) of the node's NVIDIA devices."""
+        for name in self._node_slices.get(node, ()):
+            s = self.slices[name]
+            for d in s.devices:
+                yield s.pool, d
+
+    def taint(self, pool: str, d: Device) -> tuple[bool, bool]:
+        """(tainted NoSchedule or NoExecute, NoExecute), from the slice and the rules."""
+        tainted, no_exec = d.tainted, d.no_execute
+        for r in self.rules.values():
+            if r.selects(DRIVER, pool, d.name):
+                tainted, no_exec = True, no_exec or r.no_execute
+        return tainted, no_exec
+
+    def is_allocated(self, pool: str, device: str) -> bool:
+        return (DRIVER, pool, device) in self._allocated
+
+    def counts(self, node: str) -> DraCounts | None:
+        """The node's devices (cached until its slices, claims or the rules change);
+        None for a node with no slice of NVIDIA's driver."""
+        c = self._counts.get(node)
+        if c is not None or node not in self._node_slices:
+            return c
+        gpus = alloc = 0
+        mig: MigCounts = ()
+        mig_alloc: MigCounts = ()
+        mig_tainted: MigCounts = ()
+        tainted: list[str] = []
+        for pool, d in self.devices(node):
+            if not d.kind or (d.kind == "mig" and not d.profile):
+                continue
+            used = self.is_allocated(pool, d.name)
+            bad = not used and self.taint(pool, d)[0]
+            if d.kind == "gpu":
+                gpus += 1
+                alloc += used
+                if bad:
+                    tainted.append(d.uuid or f"{pool}/{d.name}")
+            else:
+                one = ((d.profile, 1),)
+                mig = add_mig(mig, one)
+                if used:
+                    mig_alloc = add_mig(mig_alloc, one)
+                if bad:
+                    mig_tainted = add_mig(mig_tainted, one)
+        c = DraCounts(gpus, mig, alloc, mig_alloc, tuple(tainted), mig_tainted)
+        self._counts[node] = c
+        return c
+
+    def needs(self, refs: Iterable[tuple[str, str]]) -> Needs:
+        """What the pod's claims (`dra.pod_claim_refs`) still need: claims already
+        allocated add nothing; a claim not yet created is read from its template."""
+        gpus, mig, parts = 0, cast(MigCounts, ()), []
+        for claim_key, template_key in refs:
+            claim = self.claims.get(claim_key) if claim_key else None
+            if claim is not None:
+                if claim.allocated:
+                    continue
+                reqs = claim.requests
+            elif template_key in self.templates:
+                reqs = self.templates[template_key]
+            else:
+                return self._no_opinion(claim_key or template_key, "missing")
+            g, m, other = 0, cast(MigCounts, ()), False
+            for alts in reqs:
+                rg, rm, why = self._resolve(alts)
+                if why and why != "other_driver":
+                    return self._no_opinion(claim_key or template_key, why)
+                g, m, other = g + rg, add_mig(m, rm), other or why == "other_driver"
+            if other:
+                self._count(claim_key or template_key, "other_driver")
+            gpus, mig = gpus + g, add_mig(mig, m)
+            parts.append((claim_key, g, m))
+        return Needs(gpus, mig, tuple(parts)) if gpus or mig else NO_NEEDS
+
+    def _resolve(self, alts: Alternatives) -> tuple[int, MigCounts, str]:
+        """One request's (GPUs, MIG devices) as the least of its alternatives, or a
+        reason it cannot be judged ("other_driver": not ours, counts nothing)."""
+        shapes: list[tuple[int, MigCounts]] = []
+        for r in alts:
+            if r.bad:
+                return 0, (), r.bad
+            if r.device_class not in self.classes:
+                return 0, (), "unknown_class"
+            match = merge(self.classes[r.device_class], r.match)
+            if match is None:
+                return 0, (), "cel"
+            if match.driver is not None and match.driver != DRIVER:
+                shapes.append((0, ()))
+                continue
+            if match.type == "gpu":
+                shapes.append((r.count, ()))
+            elif match.type == "mig":
+                if match.profile is None:
+                    return 0, (), "mig_any_profile"
+                shapes.append((0, ((match.profile, r.count),)))
+            elif match.type is None:
+                return 0, (), "any_device"
+            else:
+                return 0, (), "cel"
+        if all(s == (0, ()) for s in shapes):
+            return 0, (), "other_driver"
+        if len({bool(s[1]) for s in shapes}) > 1 or len({s[1] for s in shapes if s[1]}) > 1:
+            return 0, (), "first_available"  # alternatives of different kinds
+        # The least an alternative needs: never turns away a node one would fit.
+        g, m = min(shapes, key=lambda s: s[0])
+        return g, m, ""
+
+    def _no_opinion(self, key: str, reason: str) -> Needs:
+        self._count(key, reason)
+        return Needs(reason=reason)
+
+    def _count(self, key: str, reason: str) -> None:
+        if (key, reason) in self._counted:
+            return
+        if len(self._counted) >= _COUNTED_CAP:
+            self._counted.clear()
+        self._counted.add((key, reason))
+        self.not_understood[reason] = self.not_understood.get(reason, 0) + 1
+
+    def sizes(self) -> dict[str, int]:
+        return {"resourceslices": len(self.slices), "resourceclaims": len(self.claims)}
+
+
+def _name(obj: object) -> str:
+    try:
+        name = obj.get("metadata", {}).get("name")  # type: ignore[attr-defined]
+    except AttributeError:
+        return ""
+    return name if isinstance(name, str) else ""
+
+
+def _key(obj: object) -> str:
+    try:
+        ns = obj.get("metadata", {}).get("namespace")  # type: ignore[attr-defined]
+    except AttributeError:
+        ns = ""
+    return f"{ns if isinstance(ns, str) else ''}/{_name(obj)}"
