@@ -10,14 +10,12 @@ bound there - GPUs assumed for pods this extender ranked but has not yet seen bo
 MIG devices (the device plugin's mixed strategy) are counted the same way, per profile
 resource `nvidia.com/mig-<profile>`.
 
-With DRA on (`dra=True`), a node's NVIDIA devices in ResourceSlices add to its
-allocatable GPUs and MIG devices (less those tainted that no claim holds and our agent
-does not already report unhealthy), devices allocated to claims add to its requested
-ones, and a pod's claims not yet allocated add to its shape, so every filter and policy
-judges DRA pods as device-plugin ones.
+With DRA on, a node's NVIDIA devices in ResourceSlices add to its allocatable (less
+tainted free ones: drastate.fold), devices allocated to claims to its requested, and a
+pod's unallocated claims to its shape: every filter and policy judges DRA pods alike.
 
 Concerns, one module each: reading a Node (`nodes.py`), the agents' Leases
-(`freshness.py`), bound and assumed pods (`assume.py`), the DRA objects (`dra.py`,
+(`freshness.py`), bound and assumed pods (`assume.py`), DRA objects (`dra.py`,
 `drastate.py`) and a DRA pod's assumption (`draassume.py`).
 """
 
@@ -210,14 +208,7 @@ class ClusterState:
             listener.observe_node(st)
 
     def _fold(self, st: NodeState) -> NodeState:
-        """The node with its DRA devices (see the module's docstring)."""
-        c = self.dra.counts(st.name) if self.dra is not None else None
-        if c is None:
-            return st
-        tainted = sum(1 for u in c.tainted_free if u not in st.unhealthy_uuids)
-        mig = add_mig(add_mig(st.mig_allocatable, c.mig), c.mig_tainted_free, -1)
-        return replace(st, gpus_allocatable=st.gpus_allocatable + c.gpus - tainted,
-                       mig_allocatable=mig)  # fmt: skip
+        return self.dra.fold(st) if self.dra is not None else st
 
     def _dra_changed(self, name: str) -> None:
         """A node's DRA devices, allocations or taints changed."""
@@ -232,8 +223,7 @@ class ClusterState:
                 listener.observe_node(st)
 
     def _claim_allocated(self, key: str) -> bool:
-        c = self.dra.claims.get(key) if self.dra is not None else None
-        return c is not None and c.allocated
+        return self.dra is not None and self.dra.is_claim_allocated(key)
 
     @staticmethod
     def _put_view(view: View | None, into: dict[str, Any], key: str, obj: Obj) -> None:
@@ -358,22 +348,22 @@ class ClusterState:
         return replace(shape, gpus=shape.gpus + needs.gpus, mig=add_mig(shape.mig, needs.mig),
                        dra=needs.parts)  # fmt: skip
 
+    def dra_holders(self, node: str, gpu_uuid: str) -> list[str]:
+        with self._lock:  # pod UIDs holding a device of that GPU through a claim
+            return self.dra.holders(node, gpu_uuid) if self.dra is not None else []
+
     def dra_counts(self) -> tuple[dict[str, int], dict[str, int]]:
-        """(unreadable objects by kind, claims not understood by reason): the metric."""
-        with self._lock:
-            d = self.dra
-            return (dict(d.bad), dict(d.not_understood)) if d is not None else ({}, {})
+        with self._lock:  # (unreadable objects by kind, claims not understood by reason)
+            return (dict(self.dra.bad), dict(self.dra.not_understood)) if self.dra else ({}, {})
 
     def dra_event(self, kind: str) -> Callable[[str, Obj], None]:
-        """The watch handler for one DRA kind (`resourceslices`, ...)."""
         return self._dra_assumed.handler(kind, self._lock, self._settle_one)
 
     def dra_replace(self, kind: str) -> Callable[[Iterable[Obj]], None]:
         return self._dra_assumed.replacer(kind, self._lock, self._settle_one)
 
     def _settle_one(self, uid: str) -> None:
-        pod = self._usage.pods.get(uid)
-        self._dra_assumed.settle(uid, pod.node if pod is not None else "", self.clock())
+        self._dra_assumed.settle(uid, getattr(self._usage.pods.get(uid), "node", ""), self.clock())
 
     def unassume_if_failed_since(self, pod_uid: str, failed_at: float) -> None:
         """The scheduler reported the pod unschedulable at wall time `failed_at` (its

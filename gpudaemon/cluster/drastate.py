@@ -12,7 +12,7 @@ once per claim by reason (`not_understood`) and get no opinion.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 from gpudaemon.cluster.dra import (
@@ -31,7 +31,7 @@ from gpudaemon.cluster.dra import (
     parse_taint_rule,
     parse_template,
 )
-from gpudaemon.cluster.state import MigCounts, add_mig
+from gpudaemon.cluster.state import MigCounts, NodeState, add_mig
 
 _COUNTED_CAP = 10_000  # claims remembered as counted in the not-understood metric
 
@@ -340,6 +340,35 @@ class DraState:
             self._counted.clear()
         self._counted.add((key, reason))
         self.not_understood[reason] = self.not_understood.get(reason, 0) + 1
+
+    def fold(self, st: NodeState) -> NodeState:
+        """The node with its devices: GPUs and MIG devices added to its allocatable,
+        less the tainted ones no claim holds; a tainted GPU the agent reports unhealthy
+        stays, as `gpus_unhealthy` subtracts it already (subtracted once)."""
+        c = self.counts(st.name)
+        if c is None:
+            return st
+        tainted = sum(1 for u in c.tainted_free if u not in st.unhealthy_uuids)
+        mig = add_mig(add_mig(st.mig_allocatable, c.mig), c.mig_tainted_free, -1)
+        return replace(st, gpus_allocatable=st.gpus_allocatable + c.gpus - tainted,
+                       mig_allocatable=mig)  # fmt: skip
+
+    def is_claim_allocated(self, key: str) -> bool:
+        c = self.claims.get(key)
+        return c is not None and c.allocated
+
+    def holders(self, node: str, gpu_uuid: str) -> list[str]:
+        """UIDs of the pods holding, through an allocated claim, a device of the node's
+        slices on the GPU `gpu_uuid` (the GPU itself or a MIG device carved from it)."""
+        devices = {(DRIVER, pool, d.name) for pool, d in self.devices(node)
+                   if gpu_uuid and d.gpu_uuid == gpu_uuid}  # fmt: skip
+        if not devices:
+            return []
+        out: list[str] = []
+        for c in self.claims.values():
+            if c.allocated and any(r in devices for r in c.results):
+                out += [u for u in c.reserved_for if u not in out]
+        return out
 
     def sizes(self) -> dict[str, int]:
         return {"resourceslices": len(self.slices), "resourceclaims": len(self.claims)}

@@ -16,7 +16,8 @@ from prometheus_client import CollectorRegistry
 
 from gpudaemon import __version__
 from gpudaemon.cluster.clusterstate import ClusterState
-from gpudaemon.cluster.metrics import DRA_KINDS, BadDataCollector, DraCollector
+from gpudaemon.cluster.drawatch import dra_reflectors
+from gpudaemon.cluster.metrics import BadDataCollector, DraCollector
 from gpudaemon.cluster.policies import Policy, build_policies, policy_spec
 from gpudaemon.cluster.reservations import LeaseReservations, ReservationCollector
 from gpudaemon.cluster.selectors import POD_SELECTOR, pending_selector, unschedulable_since
@@ -65,21 +66,6 @@ def observability_only(app: WsgiApp) -> WsgiApp:
         return app(environ, start_response)
 
     return wsgi
-
-
-DRA_PATH = "/apis/resource.k8s.io/v1/"
-
-
-def dra_reflectors(
-    client: ListWatchClient, c: ClusterState, cap_s: float, clock: Callable[[], float]
-) -> list[Reflector]:
-    """One informer per DRA kind (read-only, paged as the others), into `c`'s store.
-    Shared with the rebalancer."""
-    return [
-        Reflector(client, kind, DRA_PATH + kind, c.dra_replace(kind), c.dra_event(kind),
-                  backoff=Backoff(0.5, cap_s), clock=clock)
-        for kind in DRA_KINDS
-    ]  # fmt: skip
 
 
 class Extender:

@@ -22,7 +22,8 @@ from prometheus_client import CollectorRegistry
 
 from gpudaemon import __version__
 from gpudaemon.cluster.clusterstate import ClusterState
-from gpudaemon.cluster.metrics import BadDataCollector
+from gpudaemon.cluster.drawatch import dra_reflectors
+from gpudaemon.cluster.metrics import BadDataCollector, DraCollector
 from gpudaemon.cluster.policies import build_policies, policy_spec
 from gpudaemon.cluster.reservations import REBALANCER_LEASE, Reservation
 from gpudaemon.cluster.selectors import POD_SELECTOR, pending_selector
@@ -88,7 +89,11 @@ class Rebalancer:
         self.selector = selector_matcher(self.rb.selector)
         # The planner's readings of Nodes and bound pods, kept in the shared store.
         self.cluster = ClusterState(
-            cfg.labels.prefix, wall=wall, node_view=self._node_view, pod_view=self._parse
+            cfg.labels.prefix,
+            wall=wall,
+            node_view=self._node_view,
+            pod_view=self._parse,
+            dra=cfg.extender.dra,
         )
         self.product_label = self.cluster.product_label
         self._lock = threading.Lock()  # guards `pending`
@@ -121,7 +126,11 @@ class Rebalancer:
                       self._pending_event, backoff=Backoff(0.5, cap),
                       query={"fieldSelector": pending_selector(self.rb.scheduler_name)}),
         ]  # fmt: skip
+        if cfg.extender.dra:  # pods holding a sick GPU through a DRA claim
+            self.reflectors += dra_reflectors(client, c, cap, clock)
+            self.passes.claim_holders = c.dra_holders
         self.runner = Runner(self.reflectors, clock=clock)
+        self.registry.register(DraCollector("rebalancer", self.cluster.dra_counts))
         self.registry.register(BadDataCollector(
             "rebalancer", self.cluster.bad_counts, self.runner.handler_errors
         ))  # fmt: skip

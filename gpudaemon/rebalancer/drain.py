@@ -5,8 +5,8 @@ the grace period, on nodes whose agent data is fresh; never `watch` (degraded)."
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from gpudaemon.labels.annotations import GpuState
 from gpudaemon.rebalancer.planner import Decision, PodFacts
@@ -39,10 +39,32 @@ class SickGpu:
     reason: str  # the verdict's reason ("xid 79", "row remap pending")
     for_s: float  # seconds its action has needed a drain
     holders: Sequence[str] = ()  # "ns/name" from the agent's annotation
+    uuid: str = ""
 
     @staticmethod
     def of(node: str, g: GpuState, for_s: float) -> SickGpu:
-        return SickGpu(node, g.index, drain_action(g), g.reason or g.state, for_s, g.pods)
+        return SickGpu(node, g.index, drain_action(g), g.reason or g.state, for_s, g.pods, g.uuid)
+
+
+def with_claim_holders(
+    sick: Iterable[SickGpu],
+    pods: Mapping[str, PodFacts],
+    holders: Callable[[str, str], Sequence[str]],
+) -> list[SickGpu]:
+    """Each sick GPU with the pods that hold one of its DRA devices through an allocated
+    claim added to its holders (`holders(node, uuid)` gives their UIDs): the agent's
+    annotation may not name them, and they are drained the same way."""
+    by_uid: dict[str, str] | None = None
+    out = []
+    for g in sick:
+        uids = holders(g.node, g.uuid)
+        if uids:
+            if by_uid is None:
+                by_uid = {p.uid: key for key, p in pods.items()}
+            extra = [k for u in uids if (k := by_uid.get(u)) and k not in g.holders]
+            g = replace(g, holders=(*g.holders, *extra))
+        out.append(g)
+    return out
 
 
 def drain(

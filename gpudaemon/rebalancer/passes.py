@@ -11,7 +11,7 @@ restart forgets it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any
 
 from loguru import logger
@@ -23,7 +23,7 @@ from gpudaemon.errors import KubeError, KubeNotFoundError
 from gpudaemon.kube.leader import LeaderElector
 from gpudaemon.labels.annotations import GpuState
 from gpudaemon.rebalancer.actions import Actions
-from gpudaemon.rebalancer.drain import drain
+from gpudaemon.rebalancer.drain import drain, with_claim_holders
 from gpudaemon.rebalancer.metrics import RebalancerMetrics
 from gpudaemon.rebalancer.planner import Decision, NodeFacts, Placer, PodFacts, defragment
 from gpudaemon.rebalancer.state import LeaseState
@@ -55,6 +55,8 @@ class Pass:
         self.namespaces = frozenset(rb.namespaces)  # empty: every namespace
         self.made_room_for: dict[str, float] = {}  # pending UID -> when its plan ran
         self.room_tries: dict[str, int] = {}  # pending UID -> plans run for it
+        # With DRA: (node, GPU UUID) -> UIDs of the pods holding it through a claim.
+        self.claim_holders: Callable[[str, str], Sequence[str]] | None = None
 
     def run(
         self, nodes: Mapping[str, NodeFacts], gpu_states: Mapping[str, list[GpuState]],
@@ -83,6 +85,8 @@ class Pass:
         fresh: Mapping[str, bool],
     ) -> int:  # fmt: skip
         sick = self.state.sick_gpus(gpu_states)
+        if self.claim_holders is not None:  # DRA: who holds the GPU through a claim
+            sick = with_claim_holders(sick, running, self.claim_holders)
         blocked = 0
         for d in drain(sick, running, fresh, self.rb.grace_s):
             if not d.evict:
