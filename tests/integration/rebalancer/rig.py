@@ -133,14 +133,14 @@ class RebalanceRig(SchedulerRig):
         self.kubelet = KubeletStandIn(self)
         self.rebalancers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
 
-    def start_controller_manager(self) -> None:
+    def start_controller_manager(self, controllers: str = CONTROLLERS) -> None:
         log = open(self.dir / "kube-controller-manager.log", "wb")  # noqa: SIM115 - the child's
         self.procs.append(
             subprocess.Popen(
                 [
                     str(self.cp.bin / "kube-controller-manager"),
                     f"--kubeconfig={self.cp.admin_kubeconfig}",
-                    f"--controllers={CONTROLLERS}",
+                    f"--controllers={controllers}",
                     "--leader-elect=false",
                     "--secure-port=0",
                     "--v=1",
@@ -177,8 +177,11 @@ class RebalanceRig(SchedulerRig):
         wait_for(lambda: self.cp.lease(node), 30, what=f"{node}'s Lease")
         return agent
 
-    def start_rebalancer(self, name: str, apply: bool, **rebalance: Any) -> str:
-        """A real `gpudaemon rebalance` process; returns its metrics URL."""
+    def start_rebalancer(
+        self, name: str, apply: bool, extender: dict[str, Any] | None = None, **rebalance: Any
+    ) -> str:
+        """A real `gpudaemon rebalance` process; returns its metrics URL. `extender`:
+        more of its `extender` section (dra)."""
         addr = f"127.0.0.1:{free_port()}"
         cfg = self.dir / f"rebalance-{name}.yaml"
         conf = {"interval_s": 1, "grace_s": 2, "lease_duration_s": 6, **rebalance}
@@ -186,7 +189,7 @@ class RebalanceRig(SchedulerRig):
             yaml.safe_dump(
                 {
                     "rebalance": conf,
-                    "extender": {"policy": "binpack"},
+                    "extender": {"policy": "binpack", **(extender or {})},
                     "kubernetes": {"kubeconfig": str(self.cp.admin_kubeconfig)},
                     "logging": {"level": "DEBUG"},
                 }

@@ -1,0 +1,51 @@
+"""One control plane for the DRA tests: kube-apiserver (resource.k8s.io/v1 served by
+default in 1.37), kube-controller-manager with the resourceclaim controller (claims
+from ResourceClaimTemplates), ReplicaSets and PDBs, the extender with `dra` on, and
+gpudaemon-scheduler (its DynamicResources plug-in allocates the claims) plus a plain
+default scheduler. No kubelet and no NVIDIA driver: live agents on simulated GPUs, the
+rebalancer rig's kubelet stand-in (it marks bound pods Running), and `publish_slice`
+writing each node's ResourceSlice as NVIDIA's driver does."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.kube.controlplane import ADMISSION, RBAC, ControlPlane
+from tests.integration.rebalancer.rig import RebalanceRig
+from tests.integration.scheduler.rig import SCHED_CONFIG
+
+CONTROLLERS = (
+    "resourceclaim-controller,replicaset-controller,deployment-controller,"
+    "disruption-controller,garbage-collector-controller"
+)
+
+
+def dra_scheduler_config() -> dict[str, object]:
+    """The shipped profile as the chart renders it with dra.enabled: no managedResources
+    (kube-scheduler sends an extender only pods whose containers request one of them)."""
+    conf = yaml.safe_load(SCHED_CONFIG.read_text())
+    conf["extenders"][0].pop("managedResources")
+    return conf  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def rig(tools_bin: Path) -> Iterator[RebalanceRig]:
+    cp = ControlPlane(tools_bin)
+    r = RebalanceRig(cp)
+    try:
+        cp.start()
+        cp.apply_manifest(RBAC)
+        cp.apply_manifest(ADMISSION)
+        r.start_controller_manager(CONTROLLERS)
+        r.start_extender(policy="binpack", dra=True)
+        r.start_scheduler("gpudaemon-scheduler", with_extender=True, conf=dra_scheduler_config())
+        r.start_scheduler("default-scheduler", with_extender=False)
+        r.kubelet.start()
+        yield r
+    finally:
+        r.stop()
+        cp.stop()
