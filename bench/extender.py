@@ -5,7 +5,8 @@
 2. latency: /filter and /prioritize round trips over a real socket (keep-alive, as
    kube-scheduler's client does) to the extender's own HTTP server, with 100, 1,000 and
    5,000 nodes in its caches, every node named in each request (nodeCacheCapable),
-   for each policy; p50/p99.
+   for each policy; p50/p99. At 1,000 and 5,000 nodes also DRA rows (extender_dra.py):
+   the GPUs in ResourceSlices, claims allocated and pending in the caches.
 3. cluster (real etcd + kube-apiserver + kube-scheduler, and the real
    `gpudaemon extender` process): scheduler throughput at 500 nodes with and without
    the extender, same scheduler config, same run: pods are created first with the
@@ -19,7 +20,8 @@
    interleaved in one run; p99 side by side and their ratio (target: within 2x).
 
   scripts/bench extender [--quick] [--requests 300] [--pods 1000] [--rounds 3]
-                 [--candidates N] [--no-cluster | --cluster-only | --reservations-only]
+                 [--candidates N]
+                 [--no-cluster | --cluster-only | --reservations-only | --dra-only]
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import yaml
 from loguru import logger
 from prometheus_client import CollectorRegistry
 
+from bench.extender_dra import dra_rows
 from bench.table import print_table
 from gpudaemon.agent.cache import Cache
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
@@ -136,7 +139,8 @@ def filled_cluster(n: int, rng: random.Random) -> ClusterState:
     return c
 
 
-def bench_latency(sizes: list[int], requests: int) -> None:
+def bench_latency(sizes: list[int], requests: int, only: tuple[str, ...] = ()) -> None:
+    """`only`: these policies alone (--dra-only: the ones the DRA rows measure)."""
     rng = random.Random(1)
     cfg = load_config(None, environ={})
     policies = make_policies(cfg)
@@ -156,7 +160,7 @@ def bench_latency(sizes: list[int], requests: int) -> None:
     for n in sizes:
         cluster = filled_cluster(n, rng)
         names = [f"node-{i:05d}" for i in range(n)]
-        for policy in sorted(policies):
+        for policy in sorted(p for p in policies if not only or p in only):
             api = ExtenderApi(
                 cluster,
                 policies,
@@ -195,6 +199,9 @@ def bench_latency(sizes: list[int], requests: int) -> None:
                 )
             conn.close()
             server.stop()
+        if n >= 1000:  # the DRA rows (issue 32): slices and claims in the caches
+            meta = [agent_metadata(s) for s in range(8)]
+            rows += dra_rows(n, requests, rng, policies, cfg.extender.candidates, meta, pct)
     table(
         f"latency: round trip over a real socket, {requests} requests each"
         " (target p99 <= 20 ms at 5,000)",
@@ -602,6 +609,8 @@ def main() -> int:
     ap.add_argument("--no-cluster", action="store_true")
     ap.add_argument("--cluster-only", action="store_true", help="only part 3")
     ap.add_argument("--reservations-only", action="store_true", help="only part 4")
+    dra_help = "only the DRA rows and the device-plugin rows of their policies"
+    ap.add_argument("--dra-only", action="store_true", help=dra_help)
     args = ap.parse_args()
     logger.remove()
     logger.add(sys.stderr, level="ERROR")
@@ -613,6 +622,9 @@ def main() -> int:
     if args.candidates is not None:
         cand = args.candidates
     reqs = 100 if args.quick else args.requests
+    if args.dra_only:
+        bench_latency([1000, 5000], reqs, only=("binpack", "fragmentation"))
+        return 0
     if args.reservations_only:
         bench_reservations(5000, 20_000, [16, 256], reqs, cand)
         return 0
