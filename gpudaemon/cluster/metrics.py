@@ -65,9 +65,12 @@ class DraCollector(Collector):
     by reason (cluster/dra.py NOT_UNDERSTOOD): read at scrape time from the store."""
 
     def __init__(
-        self, program: str, counts: Callable[[], tuple[Mapping[str, int], Mapping[str, int]]]
+        self,
+        program: str,
+        counts: Callable[[], tuple[Mapping[str, int], Mapping[str, int]]],
+        claims: bool = True,  # the rebalancer judges no pod's claims: no such series
     ) -> None:
-        self.program, self.counts = program, counts
+        self.program, self.counts, self.claims = program, counts, claims
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         from gpudaemon.cluster.dra import NOT_UNDERSTOOD
@@ -82,7 +85,8 @@ class DraCollector(Collector):
         )
         for reason in sorted({*NOT_UNDERSTOOD, *not_understood}):
             fam.add_metric([reason], not_understood.get(reason, 0))
-        yield fam
+        if self.claims:
+            yield fam
         skipped = CounterMetricFamily(
             f"gpudaemon_{self.program}_dra_bad_objects",
             "DRA objects (resource.k8s.io/v1) that could not be read (over a cap or not of "

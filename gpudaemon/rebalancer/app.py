@@ -130,7 +130,7 @@ class Rebalancer:
             self.reflectors += dra_reflectors(client, c, cap, clock)
             self.passes.claim_holders = c.dra_holders
         self.runner = Runner(self.reflectors, clock=clock)
-        self.registry.register(DraCollector("rebalancer", self.cluster.dra_counts))
+        self.registry.register(DraCollector("rebalancer", self.cluster.dra_counts, claims=False))
         self.registry.register(BadDataCollector(
             "rebalancer", self.cluster.bad_counts, self.runner.handler_errors
         ))  # fmt: skip
