@@ -658,6 +658,7 @@ def values_schema() -> str:
             "scheduler": scheduler,
             "rebalancer": rebalancer,
             "networkPolicy": obj({"enabled": B, "metricsFrom": LIST, "extenderFrom": LIST}),
+            "dra": obj({"enabled": B}),
         },
     }
     schema["$defs"] = {**defs, "GpudaemonConfig": model}
