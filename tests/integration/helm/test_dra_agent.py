@@ -22,6 +22,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from gpudaemon.backends.simulated import SimulatedBackend, load_profile
 from gpudaemon.errors import KubeError, KubeForbiddenError, KubeNotFoundError
 from gpudaemon.kube.client import Credentials, KubeClient
 from tests.integration.helm.cluster import Cluster
-from tests.integration.helm.conftest import CHART, agent_pods, run_helm
+from tests.integration.helm.conftest import CHART, GPU_NODES, agent_pods, run_helm
 from tests.integration.helm.test_chart_identities import chart_config, clean_env
 from tests.integration.helm.test_least_privilege import pod_bound_token
 from tests.integration.kube.controlplane import _kubeconfig
@@ -142,6 +143,17 @@ def dra_release(
         yield release
     finally:
         upgrade("false")
+        # The agent config changed twice, so the DaemonSet replaces its pods: leave one
+        # live pod per GPU node (no kubelet confirms the old ones' deletion) for the
+        # tests that follow.
+        for node in GPU_NODES:
+            agent_pod(cluster, release, node)
+        cluster.wait(
+            lambda: cluster.finish_deletions(release) == 0
+            and not [p for p in agent_pods(cluster, release, "gpudaemon")
+                     if p["metadata"].get("deletionTimestamp")],
+            "no agent pod left terminating",
+        )  # fmt: skip
 
 
 def test_an_agent_writes_only_rules_for_one_device_of_its_own_nodes_pool(
@@ -270,6 +282,10 @@ def claim_pod(cluster: Cluster, name: str, count: int) -> None:
     })  # fmt: skip
 
 
+def stamp(rfc3339: str) -> float:
+    return datetime.strptime(rfc3339, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
 def our_rules(cluster: Cluster) -> list[dict[str, Any]]:
     return cluster.items(RULES, f"app.kubernetes.io/name=gpudaemon,gpudaemon.io/node={NODE}")
 
@@ -304,7 +320,7 @@ def test_a_sick_gpu_is_tainted_in_dra_kept_from_new_claims_and_untainted_after_r
         rules = cluster.wait(
             lambda: our_rules(cluster),
             "a DeviceTaintRule for GPU 3",
-            timeout=3 + LABELS_PERIOD_S + 30,
+            timeout=3 + LABELS_PERIOD_S + 60,
         )
         took = time.monotonic() - t0
         assert [r["spec"]["deviceSelector"] for r in rules] == [
@@ -314,6 +330,14 @@ def test_a_sick_gpu_is_tainted_in_dra_kept_from_new_claims_and_untainted_after_r
         assert (taint["key"], taint["effect"]) == (TAINT, "NoSchedule")
         assert rules[0]["metadata"]["name"] == rule_name(NODE, "gpu-3")
         print(f"DeviceTaintRule {took:.1f} s after the agent started (fault at 3 s)")
+        # Within one label reconcile: written with the Node's GPUHealthy=False.
+        node = cluster.request("GET", f"/api/v1/nodes/{NODE}")
+        cond = next(c for c in node["status"]["conditions"] if c["type"] == "GPUHealthy")
+        assert cond["status"] == "False" and "GPU 3: xid 79" in cond["message"]
+        gap = abs(
+            stamp(rules[0]["metadata"]["creationTimestamp"]) - stamp(cond["lastTransitionTime"])
+        )
+        assert gap < LABELS_PERIOD_S, gap
 
         # A claim for 7 of the 8 devices: first-fit would take gpu-0..gpu-6; the
         # scheduler's DynamicResources plugin must leave the tainted gpu-3 out.
