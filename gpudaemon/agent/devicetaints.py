@@ -185,12 +185,7 @@ class DeviceTaints:
         try:
             want, complete = self._desired(self._unhealthy)
             if self._have is None or now - self._listed_at >= self.resync_s:
-                items, _ = self.client.list_items(RULES_PATH, {"labelSelector": self.selector})
-                self._have = {
-                    str(r["metadata"]["name"]): r
-                    for r in items
-                    if isinstance(r.get("metadata"), dict)
-                }
+                self._have = self._our_rules()
                 self._listed_at = now
             for name in sorted(set(self._have) - set(want)):
                 with contextlib.suppress(KubeNotFoundError):  # gone already: as wanted
@@ -243,11 +238,31 @@ class DeviceTaints:
 
     def _our_rules(self) -> dict[str, dict[str, Any]]:
         """This node's rules as the API server has them (by our labels)."""
-        items, _ = self.client.list_items(RULES_PATH, {"labelSelector": self.selector})
+        try:
+            items, _ = self.client.list_items(RULES_PATH, {"labelSelector": self.selector})
+        except KubeNotFoundError as e:
+            # Before Kubernetes 1.37 there is no resource.k8s.io/v1 DeviceTaintRule.
+            raise KubeNotFoundError(
+                f"resource.k8s.io/v1 DeviceTaintRule is not served here (Kubernetes 1.37 "
+                f"or newer is needed: docs/dra.md): {e}",
+                e.status,
+            ) from None
+        # Only rules for our node's pools: another node's agent could label a rule of
+        # its own pool with our node, and its deletion, refused to us, would stall us.
+        pools = {self.node, *self.slices.pools}
         out: dict[str, dict[str, Any]] = {}
         for r in items:
-            name = (r.get("metadata") or {}).get("name")
-            if isinstance(name, str) and name:
+            meta, spec = r.get("metadata"), r.get("spec")
+            if not isinstance(meta, dict) or not isinstance(spec, dict):
+                continue
+            sel = spec.get("deviceSelector")
+            name = meta.get("name")
+            if (
+                isinstance(name, str)
+                and name
+                and isinstance(sel, dict)
+                and sel.get("pool") in pools
+            ):
                 out[name] = r
         return out
 

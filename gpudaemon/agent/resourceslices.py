@@ -163,6 +163,11 @@ class SliceIndex:
             logger.info("DRA: node {} has {} {} device(s)", self.node, len(devices), DRIVER)
 
     @property
+    def pools(self) -> set[str]:
+        """The pools of our node's devices, as last read."""
+        return {d.pool for d in self._by_uuid.values()}
+
+    @property
     def empty(self) -> bool:
         """Read, and our driver has no device on this node."""
         return self._loaded and not self._by_uuid

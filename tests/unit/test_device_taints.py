@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from gpudaemon.agent.devicetaints import DeviceTaints, rule_name
-from gpudaemon.agent.resourceslices import DRIVER, SliceIndex, parse_slices
+from gpudaemon.agent.devicetaints import DeviceTaints, rule_body, rule_name
+from gpudaemon.agent.resourceslices import DRIVER, DraDevice, SliceIndex, parse_slices
 from gpudaemon.errors import KubeNotFoundError, KubeUnavailableError
 from gpudaemon.model import PodRef
 from gpudaemon.podresources.client import DRA_RESOURCE, _dra_assignments
@@ -291,3 +291,43 @@ def test_claim_devices_resolve_to_gpu_and_mig_uuids_for_attribution() -> None:
     reads = api.calls.count("LIST resourceslices")
     list(_dra_assignments([claim], idx.uuid_of, ref))
     assert api.calls.count("LIST resourceslices") == reads  # misses re-read at most per period
+
+
+def test_a_cluster_without_the_v1_api_is_one_line_naming_the_release() -> None:
+    from loguru import logger
+
+    class OldApi(FakeApi):
+        def list_items(self, path: str, query: Any = None, page_size: int = 500) -> Any:
+            if path.endswith("devicetaintrules"):
+                raise KubeNotFoundError(f"GET {path}: HTTP 404: the server could not find it", 404)
+            return super().list_items(path, query, page_size)
+
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="INFO")
+    try:
+        api, clock = OldApi([slice_(H100)]), Clock()
+        t = make(api, clock)
+        for _ in range(3):
+            assert t.sync({"GPU-0000": "xid 79"}) is False
+            clock.t += 100
+    finally:
+        logger.remove(sink)
+    said = [x for x in lines if "Kubernetes 1.37 or newer is needed" in x]
+    assert len(said) == 1 and api.rules == {}
+
+
+def test_a_rule_of_another_pool_labelled_with_our_node_is_not_ours() -> None:
+    """Another node's agent may label a rule of its own pool with our node: deleting it
+    would be refused to us (the policy), so it is not taken for ours, and our own
+    rules still converge."""
+    api, clock = FakeApi([slice_(H100)]), Clock()
+    body = rule_body(
+        "gpudaemon.io/", "gpu-9", DraDevice("gpu-9", "gpu-1", "GPU-x"), "NoSchedule", "x"
+    )
+    name = body["metadata"]["name"]
+    body["metadata"]["labels"]["gpudaemon.io/node"] = NODE
+    api.rules[name] = body
+    api.rules["junk"] = {"metadata": {"name": "junk", "labels": dict(body["metadata"]["labels"])},
+                         "spec": "not a spec"}  # fmt: skip
+    assert make(api, clock).sync({"GPU-0002": "xid 48"}) is True
+    assert sorted(api.rules) == sorted([name, "junk", rule_name(NODE, "gpu-2")])

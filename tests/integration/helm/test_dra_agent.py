@@ -192,6 +192,9 @@ def test_an_agent_writes_only_rules_for_one_device_of_its_own_nodes_pool(
         bare = rule("gpu-0")
         bare["metadata"]["labels"] = {}
         assert "labelled app.kubernetes.io/name=gpudaemon" in refused(lambda: put(a, bare))
+        # Our labels, but naming another node than the pool's (it would be listed as
+        # that node's own).
+        refused(lambda: put(a, rule("gpu-0", **{"gpudaemon.io/node": "gpu-1"})))
         held = rule("gpu-0")
         held["metadata"]["finalizers"] = ["example.com/hold"]
         refused(lambda: put(a, held))
