@@ -96,9 +96,12 @@ def rule_body(prefix: str, node: str, dev: DraDevice, effect: str, value: str) -
 def _essence(rule: Mapping[str, Any]) -> tuple[Any, ...]:
     """What makes a rule ours as we want it: the selector and the taint, not the time
     the server stamped on it."""
-    spec = rule.get("spec") or {}
-    sel = spec.get("deviceSelector") or {}
-    taint = spec.get("taint") or {}
+    def part(obj: Any, key: str) -> Mapping[str, Any]:
+        v = obj.get(key) if isinstance(obj, Mapping) else None
+        return v if isinstance(v, Mapping) else {}
+
+    spec = part(rule, "spec")
+    sel, taint = part(spec, "deviceSelector"), part(spec, "taint")
     return (
         sel.get("driver"),
         sel.get("pool"),
