@@ -96,6 +96,7 @@ def rule_body(prefix: str, node: str, dev: DraDevice, effect: str, value: str) -
 def _essence(rule: Mapping[str, Any]) -> tuple[Any, ...]:
     """What makes a rule ours as we want it: the selector and the taint, not the time
     the server stamped on it."""
+
     def part(obj: Any, key: str) -> Mapping[str, Any]:
         v = obj.get(key) if isinstance(obj, Mapping) else None
         return v if isinstance(v, Mapping) else {}
