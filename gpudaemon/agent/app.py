@@ -14,6 +14,7 @@ from loguru import logger
 from prometheus_client import CollectorRegistry
 
 from gpudaemon.agent.cache import Cache
+from gpudaemon.agent.devicetaints import DeviceTaints
 from gpudaemon.agent.healthmemory import (
     DEFAULT_STATE_FILE,
     AnnotationStore,
@@ -24,6 +25,7 @@ from gpudaemon.agent.metrics.collector import GpuCollector, ReadingAgeCollector
 from gpudaemon.agent.metrics.http import HttpServer, make_app
 from gpudaemon.agent.metrics.selfmetrics import AgentMetrics
 from gpudaemon.agent.poller import Poller
+from gpudaemon.agent.resourceslices import SliceIndex
 from gpudaemon.backends import Backend, make_backend
 from gpudaemon.config import AgentSettings
 from gpudaemon.errors import GpudaemonError, NvmlUnavailableError
@@ -104,6 +106,37 @@ def make_history_sink(cfg: AgentSettings, registry: CollectorRegistry) -> Histor
     return InfluxWriter(cfg, registry)
 
 
+def make_dra(
+    cfg: AgentSettings, metrics: AgentMetrics
+) -> tuple[SliceIndex | None, DeviceTaints | None]:
+    """With `dra.enabled`: this node's ResourceSlices (for attribution and taints) and
+    the DeviceTaintRule writer; (None, None) otherwise or without credentials."""
+    if not cfg.dra.enabled:
+        return None, None
+    from gpudaemon.kube.client import KubeClient, find_credentials
+
+    k = cfg.kubernetes
+    creds = find_credentials(k.kubeconfig, bool(k.in_cluster))
+    if creds is None:
+        logger.warning("dra.enabled, but no Kubernetes credentials: no DeviceTaintRules")
+        return None, None
+    client = KubeClient.from_credentials(
+        creds, k.request_timeout_seconds, k.connect_timeout_seconds
+    )
+    slices = SliceIndex(client, cfg.node_name, on_skipped=metrics.dra_devices_skipped.inc)
+    taints = DeviceTaints(
+        client,
+        cfg.node_name,
+        slices,
+        prefix=cfg.labels.prefix,
+        effect=cfg.dra.taint_effect,
+        backoff_max_s=k.backoff_max_seconds,
+        resync_s=k.resync_seconds,
+        on_write=lambda result: metrics.device_taint_writes.labels(result).inc(),
+    )
+    return slices, taints
+
+
 FAULTS_ANNOTATION = "gpu-faults"
 
 
@@ -156,10 +189,15 @@ class Agent:
         self.history = (
             history_sink if history_sink is not None else make_history_sink(cfg, self.own_registry)
         )
+        # DRA: this node's ResourceSlices and the DeviceTaintRules for its sick GPUs.
+        self.slices, self.device_taints = make_dra(cfg, self.metrics)
         # Pod labels come from the kubelet socket unless the caller brings its own map.
         self.pod_attribution: PodAttribution | None = None
         if pods is None and cfg.metrics.pod_resources_socket:
-            self.pod_attribution = PodAttribution(cfg.metrics.pod_resources_socket)
+            self.pod_attribution = PodAttribution(
+                cfg.metrics.pod_resources_socket,
+                dra_device_uuid=self.slices.uuid_of if self.slices is not None else None,
+            )
             pods = self.pod_attribution.get
         self.pods = pods  # device id -> the container holding it, for metrics and the annotation
         self.own_registry.register(ReadingAgeCollector(self.cache, clock))
@@ -192,6 +230,8 @@ class Agent:
         if self.history is not None:
             table.append(Job("history", s.history, self._history))
         table += self.label_sink.jobs()
+        if self.device_taints is not None:
+            table += self.device_taints.jobs()
         return {j.name: j for j in table}
 
     def run_job(self, name: str) -> bool:
@@ -206,7 +246,19 @@ class Agent:
             if self.faults_store is not None and self.faults_store.value:
                 key = self.faults_store.key
                 ls = replace(ls, annotations={**ls.annotations, key: self.faults_store.value})
-            self.label_sink.apply(ls)
+            try:
+                self.label_sink.apply(ls)
+            finally:
+                # Within the same reconcile, whether or not the labels went out (it
+                # never raises: its failures back off on their own).
+                if self.device_taints is not None:
+                    self.device_taints.sync(
+                        {
+                            s.uuid: s.health_reason or s.health_state
+                            for s in snap.samples
+                            if s.health_state == "unhealthy"
+                        }
+                    )
 
     def _pod_map(self) -> PodMap | None:
         if self.pods is None:
@@ -353,7 +405,10 @@ class Agent:
                 self.history.close()
             except Exception as e:
                 logger.error("closing history: {}", e)
-        for closer in (self.label_sink.close, self.backend.close):
+        closers = [self.label_sink.close, self.backend.close]
+        if self.device_taints is not None:
+            closers.append(self.device_taints.client.close)
+        for closer in closers:
             try:
                 closer()
             except Exception as e:

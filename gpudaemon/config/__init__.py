@@ -13,6 +13,7 @@ loading.py, files.py. docs/configuration.md says how a shared file is read.
 from gpudaemon.config.agent import (
     DEFAULT_SPOOL_DIR,
     AgentSettings,
+    DraConfig,
     HealthConfig,
     InfluxConfig,
     MetricsConfig,
@@ -52,6 +53,7 @@ __all__ = [
     "PROGRAMS",
     "AgentSettings",
     "Config",
+    "DraConfig",
     "ExtenderConfig",
     "ExtenderSettings",
     "ExtenderTls",

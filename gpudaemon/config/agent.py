@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -25,6 +25,7 @@ from gpudaemon.config.values import (
     CronOrNone,
     ListenAddress,
     Number,
+    Switch,
     WholeNumber,
     _check_influx_url,
     _Section,
@@ -104,6 +105,19 @@ class HealthConfig(_Section):
     state_file: str = "auto"
 
 
+class DraConfig(_Section):
+    """Dynamic Resource Allocation (docs/dra.md): GPUs published by NVIDIA's DRA driver
+    in ResourceSlices and handed to pods through ResourceClaims."""
+
+    # Off: most clusters still give GPUs through the device plugin, and on the agent
+    # this means writing DeviceTaintRules, a power the chart grants only with it.
+    enabled: Switch = False
+    # The effect of the DeviceTaintRule for a device of an unhealthy GPU: NoSchedule
+    # keeps new claims off it; None only shows it. Never NoExecute: evicting the pods
+    # that hold it is the rebalancer's job (Eviction API, PDBs).
+    taint_effect: Literal["None", "NoSchedule"] = "NoSchedule"
+
+
 def check_history_timeout(timeout_ms: int, history: str) -> None:
     """One InfluxDB request may take timeout_ms; at or above the history period a
     run overruns and the next one (its reading) is skipped. (History issue 12 item 6.)"""
@@ -168,6 +182,7 @@ class AgentSettings(NodeFields, _Program):
     influxdb: InfluxConfig = InfluxConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
     health: HealthConfig = HealthConfig()
+    dra: DraConfig = DraConfig()
     logging: LoggingConfig = LoggingConfig.model_validate({})
 
     @model_validator(mode="after")

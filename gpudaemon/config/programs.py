@@ -10,6 +10,7 @@ from pydantic import model_validator
 
 from gpudaemon.config.agent import (
     AgentSettings,
+    DraConfig,
     HealthConfig,
     InfluxConfig,
     MetricsConfig,
@@ -47,6 +48,7 @@ class Config(NodeFields):
     extender: ExtenderConfig = ExtenderConfig()
     rebalance: RebalanceConfig = RebalanceConfig()
     health: HealthConfig = HealthConfig()
+    dra: DraConfig = DraConfig()
     logging: LoggingConfig = LoggingConfig.model_validate({})
 
     @model_validator(mode="after")

@@ -16,11 +16,12 @@ from gpudaemon.model import PodMap
 from gpudaemon.podresources.client import (
     DEFAULT_TIMEOUT_S,
     Assignment,
+    DraResolver,
     device_map,
     list_pod_resources,
 )
 
-Lister = Callable[[str, float], list[Assignment]]
+Lister = Callable[..., list[Assignment]]
 _EMPTY: PodMap = MappingProxyType({})
 
 
@@ -30,15 +31,25 @@ class PodAttribution:
         socket_path: str,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         lister: Lister = list_pod_resources,
+        dra_device_uuid: DraResolver | None = None,
     ) -> None:
+        """`dra_device_uuid(driver, pool, device)`: the UUID of a device a container
+        holds through a ResourceClaim (None: not a GPU of ours); without it, DRA
+        devices are not attributed."""
         self.socket_path = socket_path
         self.timeout_s = timeout_s
         self._lister = lister
+        self._dra = dra_device_uuid
         self._map: PodMap = _EMPTY
         self._socket_seen: bool | None = None  # None: not looked yet
 
     def get(self) -> PodMap:
         return self._map  # replaced whole, never mutated: safe without a lock
+
+    def _list(self) -> list[Assignment]:
+        if self._dra is None:
+            return self._lister(self.socket_path, self.timeout_s)
+        return self._lister(self.socket_path, self.timeout_s, dra=self._dra)
 
     def refresh(self) -> None:
         """Fetch the map once. A missing socket means "no kubelet mounted": no
@@ -58,6 +69,4 @@ class PodAttribution:
         if not present:
             self._map = _EMPTY
             return
-        self._map = MappingProxyType(
-            dict(device_map(self._lister(self.socket_path, self.timeout_s)))
-        )
+        self._map = MappingProxyType(dict(device_map(self._list())))

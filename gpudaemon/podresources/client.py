@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,10 @@ _STATUS = {
 # the "mixed" strategy names one resource per MIG profile, nvidia.com/mig-1g.10gb.
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+# A device a container holds through a ResourceClaim is named by DRA: (driver, pool,
+# device). The agent's ResourceSlice index turns ours into the GPU or MIG UUID.
+DraResolver = Callable[[str, str, str], str | None]
+DRA_RESOURCE = "dra:gpu.nvidia.com"  # the `resource` of an assignment made through DRA
 # The kubelet answers List from memory; a slow answer means it is in trouble.
 DEFAULT_TIMEOUT_S = 2.0
 
@@ -46,8 +50,11 @@ class Assignment:
     ref: PodRef
 
 
-def list_pod_resources(socket_path: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Assignment]:
-    """Call List once on a fresh connection and flatten the answer to GPU assignments."""
+def list_pod_resources(
+    socket_path: str, timeout_s: float = DEFAULT_TIMEOUT_S, dra: DraResolver | None = None
+) -> list[Assignment]:
+    """Call List once on a fresh connection and flatten the answer to GPU assignments:
+    device-plugin devices, and with `dra` the devices of containers' ResourceClaims."""
     from gpudaemon.podresources._gen import api_pb2
 
     request = api_pb2.ListPodResourcesRequest().SerializeToString()
@@ -60,7 +67,7 @@ def list_pod_resources(socket_path: str, timeout_s: float = DEFAULT_TIMEOUT_S) -
         raise PodResourcesError(
             f"pod-resources List on {socket_path}: INTERNAL: bad response: {e}"
         ) from None
-    return list(_assignments(resp.pod_resources))
+    return list(_assignments(resp.pod_resources, dra))
 
 
 class _GrpcError(Exception):
@@ -179,10 +186,13 @@ def _unescape(message: str) -> str:
     return unquote(message)
 
 
-def _assignments(pods: Iterable[Any]) -> Iterable[Assignment]:
+def _assignments(pods: Iterable[Any], dra: DraResolver | None = None) -> Iterable[Assignment]:
     """From api_pb2.PodResources messages."""
     for pod in pods:
         for ctr in pod.containers:
+            if dra is not None:
+                ref = PodRef(pod=pod.name, namespace=pod.namespace, container=ctr.name)
+                yield from _dra_assignments(ctr.dynamic_resources, dra, ref)
             for dev in ctr.devices:
                 if not is_gpu_resource(dev.resource_name):
                     continue
@@ -192,6 +202,19 @@ def _assignments(pods: Iterable[Any]) -> Iterable[Assignment]:
                         resource=dev.resource_name,
                         ref=PodRef(pod=pod.name, namespace=pod.namespace, container=ctr.name),
                     )
+
+
+def _dra_assignments(claims: Iterable[Any], dra: DraResolver, ref: PodRef) -> Iterable[Assignment]:
+    """The devices of a container's claims that are GPUs or MIG devices of ours (a MIG
+    device's UUID is its own, as the device plugin's "single"/"mixed" ids are, so it
+    lands on its MIG series the same way)."""
+    for claim in claims:
+        for res in claim.claim_resources:
+            if not res.device_name:
+                continue
+            uuid = dra(res.driver_name, res.pool_name, res.device_name)
+            if uuid:
+                yield Assignment(device_id=uuid, resource=DRA_RESOURCE, ref=ref)
 
 
 def is_gpu_resource(name: str) -> bool:

@@ -52,6 +52,19 @@ class AgentMetrics:
             "UNIX time of the last label reconcile that succeeded (written or unchanged).",
             registry=registry,
         )
+        # DRA (dra.enabled): the DeviceTaintRules written for sick GPUs, and the slice
+        # entries of NVIDIA's driver that were unusable (no name or UUID) and skipped.
+        self.device_taint_writes = Counter(
+            "gpudaemon_device_taint_writes",
+            "DeviceTaintRule writes for unhealthy GPUs (DRA), by result.",
+            ["result"],
+            registry=registry,
+        )
+        self.dra_devices_skipped = Counter(
+            "gpudaemon_dra_devices_skipped",
+            "Devices in this node's ResourceSlices skipped as unusable (no valid name or UUID).",
+            registry=registry,
+        )
         self.build_info = Gauge(
             "gpudaemon_build_info",
             "Build information; always 1.",

@@ -116,6 +116,7 @@ values. */}}
   "labels" (dict "prefix" .Values.labelPrefix "to" "apiserver" "taint_unhealthy" .Values.agent.taintUnhealthy "mig_strategy" .Values.migStrategy)
   "metrics" (dict "listen" "0.0.0.0:9445")
   "kubernetes" (dict "lease_namespace" .Release.Namespace)
+  "dra" (dict "enabled" .Values.dra.enabled)
 -}}
 {{- if not .Values.agent.podResources.enabled -}}
 {{- $_ := set $managed.metrics "pod_resources_socket" "" -}}
