@@ -13,7 +13,6 @@ loading.py, files.py. docs/configuration.md says how a shared file is read.
 from gpudaemon.config.agent import (
     DEFAULT_SPOOL_DIR,
     AgentSettings,
-    DraConfig,
     HealthConfig,
     InfluxConfig,
     MetricsConfig,
@@ -33,7 +32,13 @@ from gpudaemon.config.files import check_files, influx_token
 from gpudaemon.config.loading import load_config, load_settings
 from gpudaemon.config.programs import PROGRAMS, Config, StatusSettings
 from gpudaemon.config.rebalancer import RebalanceConfig, RebalancerSettings
-from gpudaemon.config.sections import KubernetesConfig, LabelPrefix, LabelsConfig, LoggingConfig
+from gpudaemon.config.sections import (
+    DraConfig,
+    KubernetesConfig,
+    LabelPrefix,
+    LabelsConfig,
+    LoggingConfig,
+)
 from gpudaemon.config.values import (
     DNS1123_LABEL_PATTERN,
     DNS1123_SUBDOMAIN,

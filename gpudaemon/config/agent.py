@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Literal, Self
+from typing import Annotated, Self
 
 from pydantic import (
     AfterValidator,
@@ -18,14 +18,19 @@ from pydantic import (
 )
 
 from gpudaemon.config.files import influx_token
-from gpudaemon.config.sections import KubernetesConfig, LabelsConfig, LoggingConfig, _Program
+from gpudaemon.config.sections import (
+    DraConfig,
+    KubernetesConfig,
+    LabelsConfig,
+    LoggingConfig,
+    _Program,
+)
 from gpudaemon.config.values import (
     DNS1123_SUBDOMAIN,
     Cron,
     CronOrNone,
     ListenAddress,
     Number,
-    Switch,
     WholeNumber,
     _check_influx_url,
     _Section,
@@ -103,19 +108,6 @@ class HealthConfig(_Section):
     # with real NVML, nothing with simulated GPUs (a laptop demo writes no state);
     # "" turns it off. The chart mounts /var/lib/gpudaemon from the host.
     state_file: str = "auto"
-
-
-class DraConfig(_Section):
-    """Dynamic Resource Allocation (docs/dra.md): GPUs published by NVIDIA's DRA driver
-    in ResourceSlices and handed to pods through ResourceClaims."""
-
-    # Off: most clusters still give GPUs through the device plugin, and on the agent
-    # this means writing DeviceTaintRules, a power the chart grants only with it.
-    enabled: Switch = False
-    # The effect of the DeviceTaintRule for a device of an unhealthy GPU: NoSchedule
-    # keeps new claims off it; None only shows it. Never NoExecute: evicting the pods
-    # that hold it is the rebalancer's job (Eviction API, PDBs).
-    taint_effect: Literal["None", "NoSchedule"] = "NoSchedule"
 
 
 def check_history_timeout(timeout_ms: int, history: str) -> None:

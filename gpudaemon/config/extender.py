@@ -7,7 +7,13 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, model_validator
 
-from gpudaemon.config.sections import KubernetesConfig, LabelPrefix, LoggingConfig, _Program
+from gpudaemon.config.sections import (
+    DraConfig,
+    KubernetesConfig,
+    LabelPrefix,
+    LoggingConfig,
+    _Program,
+)
 from gpudaemon.config.values import (
     ListenAddress,
     Number,
@@ -168,12 +174,6 @@ class ExtenderConfig(_Section):
     typical_pods: list[TypicalPod] = []
     # Filter, score and reserve plug-ins, by name and in order (docs/scheduler.md).
     plugins: PluginsConfig = PluginsConfig()
-    # Dynamic Resource Allocation (resource.k8s.io/v1): watch ResourceSlices,
-    # ResourceClaims, ResourceClaimTemplates, DeviceClasses and DeviceTaintRules, and
-    # judge pods that ask for NVIDIA GPUs through claims (docs/dra.md). Off: those
-    # objects are not read (no RBAC needed), and such pods pass through unjudged.
-    # The rebalancer reads it too: on, it drains pods off sick GPUs held through claims.
-    dra: Switch = False
 
     @model_validator(mode="after")
     def _budget_holds_one_body(self) -> ExtenderConfig:
@@ -191,4 +191,8 @@ class ExtenderSettings(_Program):
     labels: LabelPrefix = LabelPrefix()
     kubernetes: KubernetesConfig = KubernetesConfig()
     extender: ExtenderConfig = ExtenderConfig()
+    # On: watch ResourceSlices, ResourceClaims, ResourceClaimTemplates, DeviceClasses
+    # and DeviceTaintRules, and judge pods that ask for NVIDIA GPUs through claims.
+    # Off: those objects are not read (no RBAC needed); such pods pass unjudged.
+    dra: DraConfig = DraConfig()
     logging: LoggingConfig = LoggingConfig.model_validate({})

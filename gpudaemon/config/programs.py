@@ -10,7 +10,6 @@ from pydantic import model_validator
 
 from gpudaemon.config.agent import (
     AgentSettings,
-    DraConfig,
     HealthConfig,
     InfluxConfig,
     MetricsConfig,
@@ -22,6 +21,7 @@ from gpudaemon.config.extender import ExtenderConfig, ExtenderSettings
 from gpudaemon.config.files import influx_token
 from gpudaemon.config.rebalancer import RebalanceConfig, RebalancerSettings
 from gpudaemon.config.sections import (
+    DraConfig,
     KubernetesConfig,
     LabelPrefix,
     LabelsConfig,

@@ -8,7 +8,13 @@ from typing import Annotated
 from pydantic import AfterValidator, Field
 
 from gpudaemon.config.extender import ExtenderConfig
-from gpudaemon.config.sections import KubernetesConfig, LabelPrefix, LoggingConfig, _Program
+from gpudaemon.config.sections import (
+    DraConfig,
+    KubernetesConfig,
+    LabelPrefix,
+    LoggingConfig,
+    _Program,
+)
 from gpudaemon.config.values import (
     DNS1123_LABEL_PATTERN,
     DNS1123_SUBDOMAIN_PATTERN,
@@ -85,4 +91,6 @@ class RebalancerSettings(_Program):
     kubernetes: KubernetesConfig = KubernetesConfig()
     extender: ExtenderConfig = ExtenderConfig()
     rebalance: RebalanceConfig = RebalanceConfig()
+    # On: also drain pods that hold a sick GPU through an allocated ResourceClaim.
+    dra: DraConfig = DraConfig()
     logging: LoggingConfig = LoggingConfig.model_validate({})

@@ -113,3 +113,18 @@ class _Program(_View):
         from gpudaemon.config.programs import Config  # the whole file, every program
 
         return Config
+
+
+class DraConfig(_Section):
+    """Dynamic Resource Allocation (docs/dra.md): GPUs published by NVIDIA's DRA driver
+    in ResourceSlices and handed to pods through ResourceClaims. One switch for every
+    program: the agent writes DeviceTaintRules, the extender judges claims, the
+    rebalancer drains pods that hold a sick GPU through one."""
+
+    # Off: most clusters still give GPUs through the device plugin, and on the agent
+    # this means writing DeviceTaintRules, a power the chart grants only with it.
+    enabled: Switch = False
+    # The effect of the DeviceTaintRule for a device of an unhealthy GPU: NoSchedule
+    # keeps new claims off it; None only shows it. Never NoExecute: evicting the pods
+    # that hold it is the rebalancer's job (Eviction API, PDBs).
+    taint_effect: Literal["None", "NoSchedule"] = "NoSchedule"

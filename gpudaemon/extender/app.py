@@ -96,7 +96,7 @@ class Extender:
             cfg.labels.prefix,
             assume_ttl_s=ext.assume_ttl_seconds,
             gang_assume_ttl_s=ext.gang_assume_ttl_seconds,
-            dra=ext.dra,
+            dra=cfg.dra.enabled,
         )
         self.pending = PendingPods(self.cluster.product_label)
         self.cluster.gang_waits = self.pending.waits_at_permit
@@ -119,7 +119,7 @@ class Extender:
                       self._pending_event, query={"fieldSelector": pending},
                       backoff=Backoff(0.5, cap), clock=clock),
         ]  # fmt: skip
-        if ext.dra:
+        if cfg.dra.enabled:
             self.reflectors += dra_reflectors(client, c, cap, clock)
         self.runner = Runner(self.reflectors, client=client, clock=clock)
         self.verifier = PodVerifier(

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from loguru import logger
 
-from gpudaemon.errors import KubeError, KubeGoneError
+from gpudaemon.errors import KubeError, KubeGoneError, KubeNotFoundError
 from gpudaemon.kube.backoff import Backoff
 
 Obj = dict[str, Any]
@@ -57,8 +57,14 @@ class Reflector:
         backoff: Backoff | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: Callable[[], float] = random.random,
+        optional: str = "",
     ) -> None:
         self.client, self.kind, self.path = client, kind, path
+        # Not "" : a kind some API servers do not serve (404), e.g. DeviceTaintRule before
+        # 1.37. Such a server counts as "none of them" and synced, so the program gets
+        # ready; the list is retried with backoff in case the API is turned on. The
+        # text says why it may be missing, in the one log line.
+        self.optional = optional
         self.rng = rng
         self.on_replace, self.on_event = on_replace, on_event
         self.query = dict(query or {})
@@ -84,18 +90,37 @@ class Reflector:
                 logger.debug("{} watch: resourceVersion too old, relisting", self.kind)
                 self.relists += 1
                 continue
+            except KubeNotFoundError as e:
+                if stop.is_set():
+                    return
+                if not self.optional:
+                    self._failed(e, stop)
+                    continue
+                if not self._failing:  # one line per outage; the cache holds none
+                    logger.warning(
+                        "{}: not served by the API server ({}); treated as none, retrying",
+                        self.kind,
+                        self.optional,
+                    )
+                    self._replace([])
+                    self.synced.set()
+                self._failing = True
+                stop.wait(self.backoff.next_delay())
             except KubeError as e:
                 if stop.is_set():
                     return
-                if not self._failing:
-                    logger.warning("{} watch failed, retrying with backoff: {}", self.kind, e)
-                self._failing = True
-                stop.wait(self.backoff.next_delay())
-                self.relists += 1
+                self._failed(e, stop)
             except Exception as e:  # a bug must not end the watch for good
                 logger.exception("{} watch: unexpected error: {}", self.kind, e)
                 stop.wait(self.backoff.next_delay())
                 self.relists += 1
+
+    def _failed(self, e: KubeError, stop: threading.Event) -> None:
+        if not self._failing:
+            logger.warning("{} watch failed, retrying with backoff: {}", self.kind, e)
+        self._failing = True
+        stop.wait(self.backoff.next_delay())
+        self.relists += 1
 
     def _list(self) -> str:
         items, rv = self.client.list_items(self.path, self.query)

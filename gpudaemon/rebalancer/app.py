@@ -93,7 +93,7 @@ class Rebalancer:
             wall=wall,
             node_view=self._node_view,
             pod_view=self._parse,
-            dra=cfg.extender.dra,
+            dra=cfg.dra.enabled,
         )
         self.product_label = self.cluster.product_label
         self._lock = threading.Lock()  # guards `pending`
@@ -126,7 +126,7 @@ class Rebalancer:
                       self._pending_event, backoff=Backoff(0.5, cap),
                       query={"fieldSelector": pending_selector(self.rb.scheduler_name)}),
         ]  # fmt: skip
-        if cfg.extender.dra:  # pods holding a sick GPU through a DRA claim
+        if cfg.dra.enabled:  # pods holding a sick GPU through a DRA claim
             self.reflectors += dra_reflectors(client, c, cap, clock)
             self.passes.claim_holders = c.dra_holders
         self.runner = Runner(self.reflectors, clock=clock)

@@ -211,7 +211,7 @@ def test_a_pod_on_a_sick_gpu_through_a_claim_is_drained(rig: RebalanceRig) -> No
     rig.cp.admin.request("POST", f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets", body={
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "dra-trainer"},
         "spec": {"maxUnavailable": 0, "selector": {"matchLabels": labels}}})  # fmt: skip
-    url = rig.start_rebalancer("dra", apply=True, extender={"dra": True}, grace_s=0)
+    url = rig.start_rebalancer("dra", apply=True, dra=True, grace_s=0)
     wait_for(lambda: metric(url, EVICTIONS, kind="drain", result="refused_pdb") >= 1, 90,
              what="the eviction refused by the PDB")  # fmt: skip
     assert rig.pod(name)["spec"]["nodeName"] == node  # still there

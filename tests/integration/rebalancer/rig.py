@@ -177,11 +177,9 @@ class RebalanceRig(SchedulerRig):
         wait_for(lambda: self.cp.lease(node), 30, what=f"{node}'s Lease")
         return agent
 
-    def start_rebalancer(
-        self, name: str, apply: bool, extender: dict[str, Any] | None = None, **rebalance: Any
-    ) -> str:
-        """A real `gpudaemon rebalance` process; returns its metrics URL. `extender`:
-        more of its `extender` section (dra)."""
+    def start_rebalancer(self, name: str, apply: bool, dra: bool = False, **rebalance: Any) -> str:
+        """A real `gpudaemon rebalance` process; returns its metrics URL. `dra`: the
+        `dra.enabled` switch."""
         addr = f"127.0.0.1:{free_port()}"
         cfg = self.dir / f"rebalance-{name}.yaml"
         conf = {"interval_s": 1, "grace_s": 2, "lease_duration_s": 6, **rebalance}
@@ -189,7 +187,8 @@ class RebalanceRig(SchedulerRig):
             yaml.safe_dump(
                 {
                     "rebalance": conf,
-                    "extender": {"policy": "binpack", **(extender or {})},
+                    "extender": {"policy": "binpack"},
+                    "dra": {"enabled": dra},
                     "kubernetes": {"kubeconfig": str(self.cp.admin_kubeconfig)},
                     "logging": {"level": "DEBUG"},
                 }

@@ -41,12 +41,13 @@ class SchedulerRig:
 
     # -- the extender and the schedulers --------------------------------------------
 
-    def start_extender(self, **extender: Any) -> Extender:
+    def start_extender(self, dra: bool = False, **extender: Any) -> Extender:
         cfg = load_config(
             None,
             environ={},
             overrides={
                 "extender": {"listen": "127.0.0.1:0", **extender},
+                "dra": {"enabled": dra},
                 "kubernetes": {"kubeconfig": str(self.cp.admin_kubeconfig)},
             },
         )

@@ -111,8 +111,8 @@ def test_shape_of_a_dra_pod() -> None:
 
 
 def extender(c: ClusterState) -> ExtenderApi:
-    cfg = load_config(None, environ={}, overrides={"extender": {"policy": "binpack", "dra": True,
-                                                                "candidates": 0}})  # fmt: skip
+    cfg = load_config(None, environ={}, overrides={"extender": {"policy": "binpack", "candidates": 0},
+                                                     "dra": {"enabled": True}})  # fmt: skip
     return ExtenderApi(c, make_policies(cfg), "binpack", CollectorRegistry(), lambda: (True, ""))
 
 

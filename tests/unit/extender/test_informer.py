@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpudaemon.errors import KubeGoneError, KubeUnavailableError
+from gpudaemon.errors import KubeGoneError, KubeNotFoundError, KubeUnavailableError
 from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.informer import Reflector
 
@@ -158,3 +158,51 @@ def test_lists_come_in_pages_and_the_last_page_gives_the_version() -> None:
         {"fieldSelector": "x", "limit": "2"},
         {"fieldSelector": "x", "limit": "2", "continue": "t1"},
     ]
+
+
+class NotServed(ScriptedClient):
+    """An API server without the kind: 404 on the first `missing` lists, then served."""
+
+    def __init__(self, missing: int, stop: threading.Event) -> None:
+        super().__init__([([obj("r1", "5")], "5")], [], stop)
+        self.missing = missing
+
+    def list_items(
+        self, path: str, query: Mapping[str, str] | None = None
+    ) -> tuple[list[dict[str, Any]], str]:
+        if self.missing:
+            self.missing -= 1
+            raise KubeNotFoundError("GET /apis/x: HTTP 404: the server could not find it", 404)
+        return super().list_items(path, query)
+
+
+@pytest.mark.parametrize("optional", ["", "served from 1.37"])
+def test_a_kind_the_server_does_not_serve_is_none_and_synced_only_when_optional(
+    optional: str,
+) -> None:
+    """DeviceTaintRule is not served before 1.37: an optional kind must not keep the
+    extender unready; a required one stays unsynced until it is served."""
+    stop = threading.Event()
+    client = NotServed(3, stop)
+    seen: list[Any] = []
+    synced_while_missing: list[bool] = []
+    r = Reflector(
+        client,
+        "devicetaintrules",
+        "/apis/x",
+        lambda items: seen.append([i["metadata"]["name"] for i in items]),
+        lambda k, o: None,
+        backoff=Backoff(1, 8, rng=lambda: 1.0),
+        optional=optional,
+    )
+
+    def fake_wait(t: float | None = None) -> bool:
+        if client.missing:
+            synced_while_missing.append(r.synced.is_set())
+        return stop.is_set()
+
+    stop.wait = fake_wait  # type: ignore[method-assign]
+    r.run(stop)
+    assert synced_while_missing and all(synced_while_missing) == bool(optional)
+    # Once served, the real list replaces the empty one.
+    assert seen == ([[], ["r1"]] if optional else [["r1"]])

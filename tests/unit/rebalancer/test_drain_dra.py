@@ -18,7 +18,7 @@ from tests.unit.rebalancer.test_rebalancer import OWNER, load, node
 
 def rig(dra: bool) -> tuple[Rebalancer, FakeKube, FakeClock]:
     kube, clock = FakeKube(), FakeClock()
-    cfg = Config.model_validate({"node_name": "test", "extender": {"dra": dra},
+    cfg = Config.model_validate({"node_name": "test", "dra": {"enabled": dra},
                                  "rebalance": {"dry_run": False, "grace_s": 0}})  # fmt: skip
     rb = Rebalancer(cfg, "rb", client=kube, registry=CollectorRegistry(),  # type: ignore[arg-type]
                     clock=clock, wall=clock)  # fmt: skip

@@ -167,13 +167,11 @@ every address with mutual TLS (service). */}}
 {{- $_ := set $ext "listen" (printf "0.0.0.0:%d" (int $e.port)) -}}
 {{- $_ := set $ext "tls" (dict "cert_file" (printf "%s/tls.crt" $dir) "key_file" (printf "%s/tls.key" $dir) "client_ca_file" (printf "%s/ca.crt" $dir)) -}}
 {{- end -}}
-{{- if (.Values.dra).enabled -}}
-{{- $_ := set $ext "dra" true -}}
-{{- end -}}
 {{- $managed := dict
   "labels" (dict "prefix" .Values.labelPrefix)
   "kubernetes" (dict "lease_namespace" .Release.Namespace)
   "extender" $ext
+  "dra" (dict "enabled" (and (.Values.dra).enabled true))
 -}}
 {{- toYaml (mustMergeOverwrite (deepCopy .Values.extender.config) $managed) -}}
 {{- end -}}
@@ -257,7 +255,8 @@ pods it makes room for, the Lease namespace, the label prefix, dry run). */}}
 {{- $managed := dict
   "labels" (dict "prefix" .Values.labelPrefix)
   "kubernetes" (dict "lease_namespace" .Release.Namespace)
-  "extender" (dict "policy" .Values.extender.policy "dra" (and (.Values.dra).enabled true))
+  "extender" (dict "policy" .Values.extender.policy)
+  "dra" (dict "enabled" (and (.Values.dra).enabled true))
   "rebalance" (dict
     "dry_run" (not $r.apply)
     "listen" (printf "0.0.0.0:%d" (int $r.metricsPort))
