@@ -35,10 +35,10 @@ from gpudaemon.errors import KubeError, KubeForbiddenError, KubeNotFoundError
 from gpudaemon.kube.client import Credentials, KubeClient
 from tests.integration.helm.cluster import Cluster
 from tests.integration.helm.conftest import CHART, GPU_NODES, agent_pods, run_helm
-from tests.integration.helm.test_chart_identities import chart_config, clean_env
+from tests.integration.helm.test_chart_identities import chart_config, clean_env, component_pod
 from tests.integration.helm.test_least_privilege import pod_bound_token
 from tests.integration.kube.controlplane import _kubeconfig
-from tests.support import free_port, start_agent, stop
+from tests.support import free_port, http_get, start_agent, stop, wait_for
 
 DRIVER = "gpu.nvidia.com"
 RULES = "/apis/resource.k8s.io/v1/devicetaintrules"
@@ -375,3 +375,56 @@ def test_a_sick_gpu_is_tainted_in_dra_kept_from_new_claims_and_untainted_after_r
     for log in ("agent-1.log", "agent-2.log"):
         text = (tmp_path / log).read_text(errors="replace")
         assert "forbidden" not in text.lower(), text[-3000:]
+
+
+DRA_KINDS = ("resourceslices", "resourceclaims", "resourceclaimtemplates", "deviceclasses",
+             "devicetaintrules")  # fmt: skip
+
+
+def test_the_extender_reads_dra_objects_with_only_the_charts_identity_and_writes_none(
+    cluster: Cluster, dra_release: str, tmp_path: Path
+) -> None:
+    """With `dra.enabled`, the chart's extender (its config, the token of the scheduler
+    pod it is a sidecar of) gets ready: its five DRA informers listed and watch, so the
+    chart's RBAC is enough. The same identity may write none of those objects. (In
+    sidecar mode, the default, kube-scheduler's own role already grants most of these
+    reads; the extender's ClusterRole carries them for `extender.mode: service`, which
+    test_dra_chart renders.)"""
+    ns = dra_release
+    sched_pod = component_pod(cluster, ns, "scheduler")
+    token = pod_bound_token(cluster, ns, sched_pod)
+    kc = _kubeconfig(tmp_path / "ext.kc", cluster.cp.server, "extender", token, cluster.cp.ca)
+    cfg = chart_config(cluster, ns, "gpudaemon-extender", tmp_path / "ext.yaml")
+    assert yaml.safe_load(cfg.read_text())["dra"] == {"enabled": True}
+    port, metrics = free_port(), free_port()
+    log = tmp_path / "extender.log"
+    proc = start_agent(
+        ["extender", "--config", str(cfg)],
+        env=clean_env(GPUDAEMON_KUBERNETES__KUBECONFIG=str(kc),
+                      GPUDAEMON_EXTENDER__LISTEN=f"127.0.0.1:{port}",
+                      GPUDAEMON_EXTENDER__METRICS_LISTEN=f"127.0.0.1:{metrics}"),
+        log=log,
+    )  # fmt: skip
+    try:
+        wait_for(
+            lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200,
+            timeout=90,
+            what="the extender ready with its DRA informers synced",
+        )
+        text = http_get(f"http://127.0.0.1:{metrics}/metrics")[1].decode()
+        assert "gpudaemon_extender_dra_claims_not_understood_total" in text
+    finally:
+        stop(proc)
+    assert "forbidden" not in log.read_text(errors="replace").lower()
+
+    client = KubeClient.from_credentials(Credentials(False, str(kc)), timeout_s=30)
+    try:
+        for kind in DRA_KINDS:
+            assert client.list_items(f"/apis/resource.k8s.io/v1/{kind}")[1]
+        body = rule(NODE)
+        with pytest.raises(KubeForbiddenError):
+            put(client, body)
+        with pytest.raises(KubeForbiddenError):
+            client.request("DELETE", f"{SLICES}/anything")
+    finally:
+        client.close()

@@ -71,3 +71,29 @@ def test_the_policy_follows_the_admission_policy_switch(helm: str) -> None:
         for v in one(docs, "ValidatingAdmissionPolicy", POLICY)["spec"]["validations"]
     ]
     assert any(e.startswith("has(request.userInfo.extra) &&") for e in exprs)
+
+
+READS = {"apiGroups": ["resource.k8s.io"], "verbs": ["get", "list", "watch"],
+         "resources": ["resourceslices", "resourceclaims", "resourceclaimtemplates",
+                       "deviceclasses", "devicetaintrules"]}  # fmt: skip
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_dra_gives_the_extender_and_rebalancer_one_switch_and_read_only_rbac(
+    helm: str, on: bool
+) -> None:
+    """Cluster side: with `dra.enabled` both programs' configs carry `dra.enabled` and
+    their ClusterRoles read the five DRA kinds, never write them; the gpudaemon-scheduler
+    profile drops managedResources (a DRA pod requests no extended resource, so
+    kube-scheduler would never send it to the extender)."""
+    docs = template(helm, "--set", f"dra.enabled={str(on).lower()}",
+                    "--set", "rebalancer.enabled=true", "--set", "extender.mode=service",
+                    "--set", "extender.tls.secretName=x", "--set", "scheduler.extenderClientTls.secretName=y")  # fmt: skip
+    for name in ("gpudaemon-extender", "gpudaemon-rebalancer"):
+        rules = one(docs, "ClusterRole", name)["rules"]
+        dra = [r for r in rules if "resource.k8s.io" in r["apiGroups"]]
+        assert dra == ([READS] if on else []), name
+        config = yaml.safe_load(one(docs, "ConfigMap", name)["data"]["config.yaml"])
+        assert config["dra"] == {"enabled": on}, name
+    sched = yaml.safe_load(one(docs, "ConfigMap", "gpudaemon-scheduler")["data"]["config.yaml"])
+    assert ("managedResources" in sched["extenders"][0]) is not on
