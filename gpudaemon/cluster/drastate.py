@@ -249,10 +249,21 @@ class DraState:
         mig_alloc: MigCounts = ()
         mig_tainted: MigCounts = ()
         tainted: list[str] = []
-        for pool, d in self.devices(node):
+        devices = list(self.devices(node))
+        # A driver that publishes a GPU beside its MIG devices (dynamic MIG, with shared
+        # counters) lets only one side be allocated: a GPU with a MIG device allocated
+        # is no free GPU, and the MIG devices of an allocated GPU are not free either.
+        whole: set[str] = set()
+        carved: set[str] = set()
+        for pool, d in devices:
+            if d.gpu_uuid and self.is_allocated(pool, d.name):
+                (whole if d.kind == "gpu" else carved).add(d.gpu_uuid)
+        for pool, d in devices:
             if not d.kind or (d.kind == "mig" and not d.profile):
                 continue
-            used = self.is_allocated(pool, d.name)
+            used = self.is_allocated(pool, d.name) or bool(
+                d.gpu_uuid and d.gpu_uuid in (carved if d.kind == "gpu" else whole)
+            )
             bad = not used and self.taint(pool, d)[0]
             if d.kind == "gpu":
                 gpus += 1

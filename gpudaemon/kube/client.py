@@ -29,6 +29,7 @@ from gpudaemon.errors import (
     KubeUnavailableError,
 )
 from gpudaemon.kube.failures import describe_failure, error_for
+from gpudaemon.kube.jsondepth import loads
 
 FIELD_MANAGER = "gpudaemon"
 APPLY_PATCH = "application/apply-patch+yaml"
@@ -181,7 +182,7 @@ class KubeClient:
         if not 200 <= resp.status < 300:
             raise error_for(resp.status, method, path, data)
         try:
-            out = json.loads(data) if data else {}
+            out = loads(data, f"{method} {path}") if data else {}
         except ValueError:
             raise KubeUnavailableError(f"{method} {path}: response is not JSON") from None
         return out if isinstance(out, dict) else {}
@@ -321,7 +322,7 @@ class KubeClient:
                 raise error_for(resp.status, "WATCH", path, resp.read())
             for line in _lines(resp.response.stream(65536)):
                 try:
-                    event = json.loads(line)
+                    event = loads(line, f"WATCH {path}")
                 except ValueError:
                     raise KubeUnavailableError(f"WATCH {path}: event is not JSON") from None
                 kind, obj = str(event.get("type", "")), event.get("object") or {}

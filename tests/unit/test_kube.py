@@ -462,11 +462,12 @@ class _WatchServer:
     chunks that split events mid-line, then closes (as the API server does at
     timeoutSeconds). Records the query it got."""
 
-    def __init__(self, tmp_path: Any, status: int, events: list[dict[str, Any]]) -> None:
+    def __init__(self, tmp_path: Any, status: int, events: list[dict[str, Any] | str]) -> None:
         import http.server
         import threading
 
-        body = b"".join(json.dumps(e).encode() + b"\n" for e in events)
+        body = b"".join((e if isinstance(e, str) else json.dumps(e)).encode() + b"\n"
+                        for e in events)  # fmt: skip
         self.queries: list[str] = []
         outer = self
 

@@ -274,3 +274,21 @@ def test_needs_sum_over_claims() -> None:
     d.claim_event("ADDED", claim("b", 1))
     n = d.needs(refs(("default/a", ""), ("default/b", "")))
     assert n.gpus == 3 and [p[:2] for p in n.parts] == [("default/a", 2), ("default/b", 1)]
+
+
+def test_a_gpu_with_a_mig_device_allocated_is_no_free_gpu_and_the_reverse() -> None:
+    # A driver that publishes a GPU beside the MIG devices carved from it (dynamic MIG):
+    # allocating either side takes the other.
+    d, _ = store()
+    d.slice_event("ADDED", nvidia_slice("n1", devices=[
+        gpu_device("n1", 0), mig_device("n1", 0, 0), mig_device("n1", 0, 1),
+        gpu_device("n1", 1), mig_device("n1", 1, 0), mig_device("n1", 1, 1),
+    ]))  # fmt: skip
+    d.claim_event("ADDED", claim("m", 1, cls="mig.nvidia.com",
+                                 allocated=("n1", ["gpu-0-mig-1g.10gb-0"])))  # fmt: skip
+    d.claim_event("ADDED", claim("g", 1, allocated=("n1", ["gpu-1"])))
+    c = d.counts("n1")
+    assert c is not None
+    assert (c.gpus, c.gpus_allocated) == (2, 2)  # gpu-0 is partly used: not free
+    # gpu-0's other MIG device stays free; both of gpu-1's are taken with it.
+    assert c.mig == (("1g.10gb", 4),) and c.mig_allocated == (("1g.10gb", 3),)
