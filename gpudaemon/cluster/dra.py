@@ -201,6 +201,11 @@ def parse_slice(obj: object) -> Slice | None:
     pool = _text(_obj(spec.get("pool"), "spec.pool").get("name"), "spec.pool.name")
     if not node or not pool:
         return None
+    if pool != node:
+        # NVIDIA's driver names each node's pool after the node. Any other name would
+        # let one node's slice speak for another node's pool (its allocations, its
+        # taint rules), so such a slice is refused, not trusted.
+        raise BadDraObject(f"pool {pool[:64]!r} is not named after its node {node[:64]!r}")
     devices = []
     for d in _list(spec.get("devices"), "spec.devices", MAX_DEVICES):
         d = _obj(d, "a device")

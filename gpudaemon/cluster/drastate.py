@@ -73,6 +73,10 @@ class DraState:
         self.classes: dict[str, Match | None] = {}
         self.templates: dict[str, tuple[Alternatives, ...]] = {}
         self.rules: dict[str, TaintRule] = {}
+        # The rules by the pool they select (None: every pool), so a rule event recounts
+        # only its pool's node, and a device checks only the rules that can select it:
+        # an agent may write any number of rules for its own pool.
+        self._pool_rules: dict[str | None, dict[str, TaintRule]] = {}
         self._allocated: dict[tuple[str, str, str], int] = {}
         self._counts: dict[str, DraCounts] = {}
         self.bad: dict[str, int] = {}  # by kind: objects skipped
@@ -199,9 +203,16 @@ class DraState:
         for obj in items:
             self.template_event("ADDED", obj)
 
-    def rule_event(self, kind: str, obj: object) -> None:
+    def rule_event(self, kind: str, obj: object, recount: bool = True) -> None:
         name = _name(obj)
-        self.rules.pop(name, None)
+        pools: set[str | None] = set()
+        old = self.rules.pop(name, None)
+        if old is not None:
+            pools.add(old.pool)
+            by_pool = self._pool_rules.get(old.pool, {})
+            by_pool.pop(name, None)
+            if not by_pool:
+                self._pool_rules.pop(old.pool, None)
         if kind != "DELETED":
             try:
                 rule = parse_taint_rule(obj)
@@ -210,12 +221,19 @@ class DraState:
                 rule = None
             if rule is not None:
                 self.rules[name] = rule
-        self._touch(list(self._node_slices))  # rules are few and rare: recount all
+                self._pool_rules.setdefault(rule.pool, {})[name] = rule
+                pools.add(rule.pool)
+        if recount:
+            if None in pools:  # a rule for every pool
+                self._touch(list(self._node_slices))
+            else:
+                self._touch(n for p in pools if p is not None and (n := self._pool_node.get(p)))
 
     def replace_rules(self, items: Iterable[object]) -> None:
         self.rules.clear()
+        self._pool_rules.clear()
         for obj in items:
-            self.rule_event("ADDED", obj)
+            self.rule_event("ADDED", obj, recount=False)
         self._touch(list(self._node_slices))
 
     # -- reads ---------------------------------------------------------------------
@@ -230,9 +248,10 @@ class DraState:
     def taint(self, pool: str, d: Device) -> tuple[bool, bool]:
         """(tainted NoSchedule or NoExecute, NoExecute), from the slice and the rules."""
         tainted, no_exec = d.tainted, d.no_execute
-        for r in self.rules.values():
-            if r.selects(DRIVER, pool, d.name):
-                tainted, no_exec = True, no_exec or r.no_execute
+        for key in (pool, None):
+            for r in self._pool_rules.get(key, {}).values():
+                if r.selects(DRIVER, pool, d.name):
+                    tainted, no_exec = True, no_exec or r.no_execute
         return tainted, no_exec
 
     def is_allocated(self, pool: str, device: str) -> bool:

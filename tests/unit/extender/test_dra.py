@@ -292,3 +292,45 @@ def test_a_gpu_with_a_mig_device_allocated_is_no_free_gpu_and_the_reverse() -> N
     assert (c.gpus, c.gpus_allocated) == (2, 2)  # gpu-0 is partly used: not free
     # gpu-0's other MIG device stays free; both of gpu-1's are taken with it.
     assert c.mig == (("1g.10gb", 4),) and c.mig_allocated == (("1g.10gb", 3),)
+
+
+def test_a_slice_for_another_nodes_pool_is_refused_and_changes_nothing_there() -> None:
+    """A compromised node publishing a slice under another node's pool would make that
+    pool's allocations and taint rules count on the wrong node (and its deletion would
+    orphan the real one): NVIDIA names each pool after its node, so anything else is
+    refused and counted."""
+    d, _ = store()
+    d.slice_event("ADDED", nvidia_slice("n1"))
+    d.claim_event("ADDED", claim("c", 2, allocated=("n1", ["gpu-0", "gpu-1"])))
+    forged = nvidia_slice("evil", name="evil-slice")
+    forged["spec"]["pool"]["name"] = "n1"
+    d.slice_event("ADDED", forged)
+    d.slice_event("DELETED", forged)
+    assert d.bad == {"resourceslices": 1}
+    assert d.counts("evil") is None
+    d.claim_event("ADDED", claim("c2", 1, allocated=("n1", ["gpu-2"])))
+    c = d.counts("n1")
+    assert c is not None and (c.gpus, c.gpus_allocated) == (8, 3)
+
+
+def test_a_taint_rule_recounts_only_its_pools_node_and_a_poolless_one_all() -> None:
+    """An agent may write any number of rules for its own pool: each must cost its own
+    node's recount, not every node's."""
+    d, changed = store()
+    for n in ("n1", "n2", "n3"):
+        d.slice_event("ADDED", nvidia_slice(n))
+    changed.clear()
+    for i in range(50):
+        d.rule_event("ADDED", taint_rule(f"r{i}", "n1", f"gpu-{i % 8}"))
+    assert set(changed) == {"n1"}
+    assert len(d.counts("n1").tainted_free) == 8  # type: ignore[union-attr]
+    assert d.counts("n2").tainted_free == ()  # type: ignore[union-attr]
+    changed.clear()
+    everywhere = taint_rule("all", "x", "gpu-0")
+    del everywhere["spec"]["deviceSelector"]["pool"]
+    d.rule_event("ADDED", everywhere)
+    assert set(changed) == {"n1", "n2", "n3"}
+    assert len(d.counts("n3").tainted_free) == 1  # type: ignore[union-attr]
+    changed.clear()
+    d.rule_event("DELETED", taint_rule("r0", "n1", "gpu-0"))
+    assert set(changed) == {"n1"}
