@@ -46,6 +46,7 @@ SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
 OURS = {"app.kubernetes.io/name": "gpudaemon", "app.kubernetes.io/component": "device-taint"}
 TAINT = "gpudaemon.io/unhealthy"
+SCHEDULER_PODS = "app.kubernetes.io/instance=gpudaemon,app.kubernetes.io/component=scheduler"
 LABELS_PERIOD_S = 30  # the agent's default schedules.labels: one label reconcile
 
 
@@ -154,6 +155,38 @@ def dra_release(
                      if p["metadata"].get("deletionTimestamp")],
             "no agent pod left terminating",
         )  # fmt: skip
+        settle_scheduler(cluster, release)
+
+
+def settle_scheduler(cluster: Cluster, ns: str) -> None:
+    """dra.enabled changes the scheduler profile (no managedResources), so the scheduler
+    Deployment rolled out and back. With no kubelet no pod gets ready, and a rollout of
+    one replica never scales the other ReplicaSet down (maxUnavailable 0): remove it, as
+    its finished rollout would, and leave the one scheduler pod later tests expect."""
+    rs_path = f"/apis/apps/v1/namespaces/{ns}/replicasets"
+    pods_path = f"/api/v1/namespaces/{ns}/pods"
+
+    def revision(rs: dict[str, Any]) -> int:
+        return int((rs["metadata"].get("annotations") or {}).get(
+            "deployment.kubernetes.io/revision", "0"))  # fmt: skip
+
+    def settled() -> bool:
+        sets = cluster.items(rs_path, SCHEDULER_PODS)
+        current = max(sets, key=revision)
+        for rs in sets:
+            if rs is current:
+                continue
+            with contextlib.suppress(KubeNotFoundError):
+                cluster.request("DELETE", f"{rs_path}/{rs['metadata']['name']}")
+            hash_ = rs["metadata"]["labels"].get("pod-template-hash", "")
+            for pod in cluster.items(pods_path, f"pod-template-hash={hash_}"):
+                with contextlib.suppress(KubeNotFoundError):
+                    cluster.request("DELETE", f"{pods_path}/{pod['metadata']['name']}",
+                                    query={"gracePeriodSeconds": "0"})  # fmt: skip
+        cluster.finish_deletions(ns)
+        return len(cluster.items(pods_path, SCHEDULER_PODS)) == 1
+
+    cluster.wait(settled, "one scheduler pod left after the DRA upgrades", timeout=120)
 
 
 def test_an_agent_writes_only_rules_for_one_device_of_its_own_nodes_pool(
