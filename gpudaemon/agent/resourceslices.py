@@ -137,6 +137,7 @@ class SliceIndex:
         self._read_at = -float("inf")
         self._loaded = False
         self._said_empty = False
+        self._failed: KubeError | None = None  # the last read's error, until the next
 
     def read(self) -> None:
         """List our node's slices now. Raises KubeError."""
@@ -177,10 +178,19 @@ class SliceIndex:
         if hit is not None:
             return hit
         now = self.clock()
-        if self._loaded and now - self._read_at < self.reread_after_s:
+        if now - self._read_at < self.reread_after_s:
+            # A failed read is not tried again before the period either (one list per
+            # period, not one per claim device), but still fails its callers.
+            if self._failed is not None:
+                raise self._failed
             return None
         self._read_at = now
-        self.read()
+        try:
+            self.read()
+        except KubeError as e:
+            self._failed = e
+            raise
+        self._failed = None
         return found()
 
     def by_uuid(self, uuid: str) -> DraDevice | None:

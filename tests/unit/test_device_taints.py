@@ -331,3 +331,32 @@ def test_a_rule_of_another_pool_labelled_with_our_node_is_not_ours() -> None:
                          "spec": "not a spec"}  # fmt: skip
     assert make(api, clock).sync({"GPU-0002": "xid 48"}) is True
     assert sorted(api.rules) == sorted([name, "junk", rule_name(NODE, "gpu-2")])
+
+
+def test_a_failing_slice_read_is_tried_at_most_once_per_period_not_per_claim_device() -> None:
+    """An API server that fails (or forbids) the slice list: a kubelet answer with
+    thousands of claim devices costs one list per re-read period, not one per device
+    (each of which could wait out a request timeout)."""
+    from gpudaemon.podresources._gen import api_pb2
+
+    api, clock = FakeApi([slice_(H100)]), Clock()
+    idx = SliceIndex(api, NODE, reread_after_s=30, clock=clock)
+    api.down = True
+    claim = api_pb2.DynamicResource(
+        claim_name="many",
+        claim_namespace="ns",
+        claim_resources=[
+            api_pb2.ClaimResource(driver_name=DRIVER, pool_name=NODE, device_name=f"gpu-{i}")
+            for i in range(2000)
+        ],
+    )
+    assert list(_dra_assignments([claim], idx.uuid_of, PodRef("p", "ns", "c"))) == []
+    assert api.calls.count("LIST resourceslices") == 1
+    with pytest.raises(KubeUnavailableError):  # the taint writer still sees the failure
+        idx.for_gpu("GPU-0001")
+    assert api.calls.count("LIST resourceslices") == 1
+    api.down = False
+    clock.t += 31
+    got = list(_dra_assignments([claim], idx.uuid_of, PodRef("p", "ns", "c")))
+    assert [a.device_id for a in got] == [f"GPU-{i:04d}" for i in range(8)]
+    assert api.calls.count("LIST resourceslices") == 2
