@@ -153,6 +153,7 @@ class DeviceTaints:
         self._retry_at = -float("inf")
         self._log = LogLimiter()
         self._missing = LogLimiter()  # once per GPU not found in the slices
+        self._foreign = LogLimiter()  # once per rule of our name that is not ours
 
     # -- the agent's calls ----------------------------------------------------------
 
@@ -201,6 +202,8 @@ class DeviceTaints:
             for name, body in sorted(want.items()):
                 if name in self._have and _essence(self._have[name]) == _essence(body):
                     continue
+                if name not in self._have and self._someone_elses(name):
+                    continue
                 self._have[name] = self.client.apply(f"{RULES_PATH}/{name}", body)
                 self.on_write("written")
                 wrote = True
@@ -239,6 +242,29 @@ class DeviceTaints:
                 "node {}: DeviceTaintRules written after {} failed attempt(s)", self.node, failures
             )
         return wrote
+
+    def _someone_elses(self, name: str) -> bool:
+        """A rule of this name exists without our labels (an admin's, another tool's):
+        never overwritten (a forced apply would take it over, and our garbage pass
+        would then delete it), said once and counted. One GET per rule we lack."""
+        try:
+            rule = self.client.request("GET", f"{RULES_PATH}/{name}")
+        except KubeNotFoundError:
+            return False
+        meta = rule.get("metadata") if isinstance(rule, Mapping) else None
+        labels = meta.get("labels") if isinstance(meta, Mapping) else None
+        ours = dict(kv.split("=", 1) for kv in self.selector.split(","))
+        if isinstance(labels, Mapping) and all(labels.get(k) == v for k, v in ours.items()):
+            return False
+        self.on_write("foreign")
+        if self._foreign.allow(name):
+            logger.warning(
+                "node {}: DeviceTaintRule {} exists but is not ours (no gpudaemon labels): "
+                "left as it is; rename or delete it to let the agent taint this device",
+                self.node,
+                name,
+            )
+        return True
 
     def _our_rules(self) -> dict[str, dict[str, Any]]:
         """This node's rules as the API server has them (by our labels)."""

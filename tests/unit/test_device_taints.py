@@ -77,7 +77,7 @@ class FakeApi:
         self._check(f"{method} {name}")
         if name not in self.rules:
             raise KubeNotFoundError(f"{method} {path}: HTTP 404", 404)
-        return self.rules.pop(name)
+        return dict(self.rules[name]) if method == "GET" else self.rules.pop(name)
 
     def close(self) -> None:
         pass
@@ -360,3 +360,37 @@ def test_a_failing_slice_read_is_tried_at_most_once_per_period_not_per_claim_dev
     got = list(_dra_assignments([claim], idx.uuid_of, PodRef("p", "ns", "c")))
     assert [a.device_id for a in got] == [f"GPU-{i:04d}" for i in range(8)]
     assert api.calls.count("LIST resourceslices") == 2
+
+
+def test_a_rule_of_the_same_name_made_by_someone_else_is_never_taken_over() -> None:
+    """A rule named as ours would be, but without our labels (an admin's, another
+    tool's): not overwritten (one line, counted), and never deleted when healthy."""
+    from loguru import logger
+
+    api, clock = FakeApi([slice_(H100)]), Clock()
+    name = rule_name(NODE, "gpu-3")
+    theirs = {"metadata": {"name": name, "labels": {"team": "ops"}},
+              "spec": {"deviceSelector": {"driver": DRIVER, "pool": NODE, "device": "gpu-3"},
+                       "taint": {"key": "ops/maintenance", "effect": "NoSchedule"}}}  # fmt: skip
+    api.rules[name] = theirs
+    results: list[str] = []
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="INFO")
+    try:
+        slices = SliceIndex(api, NODE, reread_after_s=30, clock=clock)
+        t = DeviceTaints(api, NODE, slices, prefix="gpudaemon.io/", clock=clock,
+                         rng=lambda: 1.0, on_write=results.append)  # fmt: skip
+        for _ in range(3):
+            t.sync({"GPU-0003": "xid 79", "GPU-0004": "xid 79"})
+            clock.t += 700  # past the resync: listed and checked again
+        assert api.rules[name] == theirs
+        assert sorted(api.rules) == sorted([name, rule_name(NODE, "gpu-4")])
+        t.sync({})
+        clock.t += 700
+        t.retry()
+    finally:
+        logger.remove(sink)
+    assert api.rules == {name: theirs}
+    assert not any(c == f"APPLY {name}" or c == f"DELETE {name}" for c in api.calls)
+    assert sum("not ours" in x for x in lines) == 1
+    assert "foreign" in results
