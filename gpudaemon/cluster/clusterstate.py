@@ -327,14 +327,14 @@ class ClusterState:
             if pod_uid in self._usage.pods:  # already bound: nothing to assume
                 return
             ttl = self.gang_assume_ttl_s if gang and self.gang_waits(gang) else self.assume_ttl_s
+            shape = self._dra_assumed.unshared(pod_uid, node, shape)  # claims held: once
             self._usage.assume(pod_uid, node, shape, self.clock(), ttl, gang, self.wall())
             self._dra_assumed.note(pod_uid, shape)
 
     # -- DRA --------------------------------------------------------------------------
 
     def with_dra(self, pod: Obj, shape: PodShape) -> PodShape:
-        """`shape` plus what the pod's DRA claims not yet allocated ask for; unchanged
-        without DRA, for a pod without claims, or for claims not understood."""
+        """`shape` plus what the pod's DRA claims not yet allocated ask for (if any)."""
         return shape if self.dra is None else self.with_claims(pod_claim_refs(pod), shape)
 
     def with_claims(self, refs: Sequence[tuple[str, str]], shape: PodShape) -> PodShape:
@@ -411,13 +411,14 @@ class ClusterState:
                 out[name] = st
             return out
 
-    def snapshot(self, names: Sequence[str]) -> Snapshot:
-        """The named nodes' states and freshness as of one moment, under one lock, so a
-        request judges one consistent cluster (not states from before an event and
-        freshness from after it)."""
+    def snapshot(
+        self, names: Sequence[str], uid: str = "", pod: PodShape | None = None
+    ) -> Snapshot:
+        """States and freshness under one lock; with a pod, as it sees them (credit)."""
         with self._lock:
             degraded = frozenset(self._degraded) if self._degraded else frozenset()
-            return Snapshot(self.states(names), self.freshness(names), degraded)
+            st = self._dra_assumed.credit(uid, pod, self.states(names))
+            return Snapshot(st, self.freshness(names), degraded)
 
     def freshness(self, names: Iterable[str]) -> dict[str, bool]:
         """`fresh` for many nodes under one lock (the per-request path)."""
@@ -442,9 +443,5 @@ class ClusterState:
 
     def sizes(self) -> dict[str, int]:
         with self._lock:
-            return {
-                "nodes": len(self._nodes),
-                "pods": len(self._usage.pods),
-                "leases": len(self._fresh.leases),
-                "assumed": len(self._usage.assumed),
-            }
+            u, n, leases = self._usage, len(self._nodes), len(self._fresh.leases)
+            return {"nodes": n, "pods": len(u.pods), "leases": leases, "assumed": len(u.assumed)}

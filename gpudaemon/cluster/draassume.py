@@ -22,9 +22,10 @@ from typing import Any
 
 from gpudaemon.cluster.assume import PodUsage
 from gpudaemon.cluster.drastate import DraState
-from gpudaemon.cluster.state import PodShape, add_mig
+from gpudaemon.cluster.state import MigCounts, NodeState, PodShape, add_mig
 
 Obj = Mapping[str, Any]
+Parts = tuple[tuple[str, int, MigCounts], ...]
 MAX_PODS = 10_000  # assumed DRA pods remembered; past it, those no longer assumed go
 
 
@@ -67,6 +68,49 @@ class DraAssumptions:
 
     def all_pods(self) -> list[str]:
         return list(self._pods)
+
+    def shared(self, uid: str, shape: PodShape) -> dict[str, tuple[int, MigCounts, Parts]]:
+        """Node -> (GPUs, MIG devices, parts) of the pod's claims that another pod's
+        assumption holds there (a ResourceClaim two pods name): counted there once, by
+        that assumption, so neither this pod's ranking nor its assumption counts them
+        again."""
+        out: dict[str, tuple[int, MigCounts, Parts]] = {}
+        for part in shape.dra:
+            nodes: set[str] = set()
+            for other in self._by_claim.get(part[0], ()) if part[0] else ():
+                a, held = self._usage.assumed.get(other), self._pods.get(other)
+                if other == uid or a is None or held is None or a.node in nodes:
+                    continue
+                if any(p[0] == part[0] for p in held.dra):
+                    nodes.add(a.node)
+                    g, m, ps = out.get(a.node, (0, (), ()))
+                    out[a.node] = (g + part[1], add_mig(m, part[2]), (*ps, part))
+        return out
+
+    def credit(
+        self, uid: str, shape: PodShape | None, states: dict[str, NodeState | None]
+    ) -> dict[str, NodeState | None]:
+        """The states as the pod sees them: on a node where another pod's assumption
+        holds one of its claims, those devices are the pod's own (requested and assumed
+        less them; the filter's bound counts are unchanged)."""
+        if shape is None or not shape.dra:
+            return states
+        for node, (g, m, _) in self.shared(uid, shape).items():
+            st = states.get(node)
+            if st is not None:
+                states[node] = replace(
+                    st, gpus_requested=st.gpus_requested - g, gpus_assumed=st.gpus_assumed - g,
+                    mig_requested=add_mig(st.mig_requested, m, -1),
+                    mig_assumed=add_mig(st.mig_assumed, m, -1))  # fmt: skip
+        return states
+
+    def unshared(self, uid: str, node: str, shape: PodShape) -> PodShape:
+        """`shape` less the claims another pod's assumption holds on `node`."""
+        g, m, parts = self.shared(uid, shape).get(node, (0, (), ()))
+        if not parts:
+            return shape
+        return replace(shape, gpus=shape.gpus - g, mig=add_mig(shape.mig, m, -1),
+                       dra=tuple(p for p in shape.dra if p not in parts))  # fmt: skip
 
     def settle(self, uid: str, bound_node: str, now: float) -> None:
         """Re-assume what is still due: the claims not yet seen allocated, and (while

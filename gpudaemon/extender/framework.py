@@ -261,7 +261,7 @@ class Framework:
         filters = [c for f in self.profile.filters if (c := f.prepare(cycle)) is not None]
         rejected: dict[str, Rejection] = {}
         with self._lock:
-            snap = self.cluster.snapshot(names)
+            snap = self.cluster.snapshot(names, uid, real[1] if real is not None else shape)
             states, fresh = snap.states, snap.fresh
             passed = list(names)
             for run in filters:  # in order, each on what the ones before passed
@@ -311,7 +311,8 @@ class Framework:
         self._require_ready()
         real = self._real_pod(pod, shape)
         with self._lock:
-            snap = self.cluster.snapshot(names)
+            uid, pod_shape_ = (real[0], real[1]) if real is not None else (_uid(pod), shape)
+            snap = self.cluster.snapshot(names, uid, pod_shape_)
             ranked = self._ranked(self._scored(cycle, names, snap.states), real, snap, shape)
             top, level = rank(ranked)
             if top is not None and real is not None:

@@ -211,3 +211,27 @@ def test_burst_packs_without_overcommit() -> None:
         placed[top] = placed.get(top, 0) + n
     assert placed["n1"] == 3  # 5 used + 3: full
     assert all(v <= 8 for v in placed.values()) and len(placed) == 2
+
+
+def test_a_claim_shared_by_two_pending_pods_is_counted_once_on_the_node_assumed() -> None:
+    """Pod A is assumed on n0 with a shared claim (resourceClaimName) not yet
+    allocated; pod B names the same claim. B's view of n0 does not count the claim's
+    GPUs twice (A's share is B's too), the filter's bound counts are unchanged, and
+    B's own assumption adds nothing for the claim."""
+    c = fresh_cluster(FakeClock())
+    c.dra_event("resourceclaims")("ADDED", claim("shared", 4))
+    a, b = dra_pod("a", [("g", "claim:shared")]), dra_pod("b", [("g", "claim:shared")])
+    sa = c.with_dra(a, pod_shape(a, c.product_label))
+    c.assume("a", "n0", sa)
+    sb = c.with_dra(b, pod_shape(b, c.product_label))
+    assert sb.gpus == 4  # on a node where nobody holds it yet, B needs the claim's GPUs
+    plain = c.snapshot(["n0", "n1"]).states["n0"]
+    view = c.snapshot(["n0", "n1"], "b", sb).states
+    assert plain is not None and plain.gpus_free == 4
+    assert view["n0"] is not None and view["n0"].gpus_free == 8  # A's 4 are B's 4
+    assert view["n0"].can_host(sb)
+    assert view["n0"].gpus_free_bound == plain.gpus_free_bound == 8  # the filter's view
+    assert view["n1"] == c.snapshot(["n1"]).states["n1"]
+    c.assume("b", "n0", sb)
+    st = c.states(["n0"])["n0"]
+    assert st is not None and st.gpus_free == 4 and st.gpus_assumed == 4
