@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.kube.controlplane import ADMISSION, RBAC, ControlPlane
-from tests.integration.rebalancer.rig import RebalanceRig
+from tests.integration.rebalancer.rig import RebalanceRig, running_rig
 from tests.integration.scheduler.rig import SCHED_CONFIG
 
 CONTROLLERS = (
@@ -34,18 +33,6 @@ def dra_scheduler_config() -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def rig(tools_bin: Path) -> Iterator[RebalanceRig]:
-    cp = ControlPlane(tools_bin)
-    r = RebalanceRig(cp)
-    try:
-        cp.start()
-        cp.apply_manifest(RBAC)
-        cp.apply_manifest(ADMISSION)
-        r.start_controller_manager(CONTROLLERS)
-        r.start_extender(policy="binpack", dra=True)
-        r.start_scheduler("gpudaemon-scheduler", with_extender=True, conf=dra_scheduler_config())
-        r.start_scheduler("default-scheduler", with_extender=False)
-        r.kubelet.start()
+    with running_rig(tools_bin, CONTROLLERS, dra=True, sched_conf=dra_scheduler_config(),
+                     default_scheduler=True) as r:  # fmt: skip
         yield r
-    finally:
-        r.stop()
-        cp.stop()

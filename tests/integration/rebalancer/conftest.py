@@ -8,23 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.kube.controlplane import ADMISSION, RBAC, ControlPlane
-from tests.integration.rebalancer.rig import RebalanceRig
+from tests.integration.rebalancer.rig import RebalanceRig, running_rig
 
 
 @pytest.fixture(scope="module")
 def rig(tools_bin: Path) -> Iterator[RebalanceRig]:
-    cp = ControlPlane(tools_bin)
-    r = RebalanceRig(cp)
-    try:
-        cp.start()
-        cp.apply_manifest(RBAC)
-        cp.apply_manifest(ADMISSION)
-        r.start_controller_manager()
-        r.start_extender(policy="binpack")
-        r.start_scheduler("gpudaemon-scheduler", with_extender=True)
-        r.kubelet.start()
+    with running_rig(tools_bin) as r:
         yield r
-    finally:
-        r.stop()
-        cp.stop()

@@ -16,6 +16,7 @@ import contextlib
 import subprocess
 import threading
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import yaml
 from gpudaemon.agent.app import Agent
 from gpudaemon.config import load_config
 from gpudaemon.errors import KubeError
+from tests.integration.kube.controlplane import ADMISSION, RBAC, ControlPlane
 from tests.integration.podresources.fake_kubelet import KubeletServer, pod
 from tests.integration.scheduler.rig import GROUP, NS, SchedulerRig
 from tests.support import ProcessExited, free_port, http_get, scrape, start_agent, stop, wait_for
@@ -293,3 +295,33 @@ class RebalanceRig(SchedulerRig):
 def metric(url: str, name: str, **labels: str) -> float:
     """One series of a rebalancer's /metrics (0 when absent)."""
     return scrape(url + "/metrics", name, **labels)
+
+
+@contextlib.contextmanager
+def running_rig(
+    tools_bin: Path,
+    controllers: str = CONTROLLERS,
+    *,
+    dra: bool = False,
+    sched_conf: dict[str, Any] | None = None,
+    default_scheduler: bool = False,
+) -> Iterator[RebalanceRig]:
+    """A control plane with kube-controller-manager (`controllers`), the extender
+    (binpack; `dra`), gpudaemon-scheduler (`sched_conf`: its configuration, else the
+    shipped one), optionally a plain default scheduler, and the kubelet stand-in."""
+    cp = ControlPlane(tools_bin)
+    r = RebalanceRig(cp)
+    try:
+        cp.start()
+        cp.apply_manifest(RBAC)
+        cp.apply_manifest(ADMISSION)
+        r.start_controller_manager(controllers)
+        r.start_extender(policy="binpack", dra=dra)
+        r.start_scheduler("gpudaemon-scheduler", with_extender=True, conf=sched_conf)
+        if default_scheduler:
+            r.start_scheduler("default-scheduler", with_extender=False)
+        r.kubelet.start()
+        yield r
+    finally:
+        r.stop()
+        cp.stop()
