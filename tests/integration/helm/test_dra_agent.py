@@ -14,6 +14,9 @@ own agent config.
    one GPU gives a DeviceTaintRule for exactly that device within one label reconcile;
    a new claim for 7 GPUs through the default scheduler is allocated the other seven
    (first-fit would take it); after a repair (new boot ID) the rule is gone.
+3. The chart's extender and rebalancer, run with their own pod-bound tokens and the
+   chart's configs, get ready with their DRA informers synced (RBAC enough), and the
+   extender may write none of the DRA objects.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from tests.integration.helm.conftest import CHART, GPU_NODES, agent_pods, run_he
 from tests.integration.helm.test_chart_identities import chart_config, clean_env, component_pod
 from tests.integration.helm.test_least_privilege import pod_bound_token
 from tests.integration.kube.controlplane import _kubeconfig
-from tests.support import free_port, http_get, start_agent, stop, wait_for
+from tests.support import free_port, http_get, scrape, start_agent, stop, wait_for
 
 DRIVER = "gpu.nvidia.com"
 RULES = "/apis/resource.k8s.io/v1/devicetaintrules"
@@ -121,6 +124,7 @@ def dra_release(
     def upgrade(value: str) -> None:
         proc = run_helm(helm, "upgrade", "gpudaemon", str(CHART), "--namespace", release,
                         "--reuse-values", "--set", f"dra.enabled={value}",
+                        "--set", f"rebalancer.enabled={value}",
                         kubeconfig=cluster.kubeconfig)  # fmt: skip
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -156,6 +160,15 @@ def dra_release(
             "no agent pod left terminating",
         )  # fmt: skip
         settle_scheduler(cluster, release)
+        rebalancer = "app.kubernetes.io/instance=gpudaemon,app.kubernetes.io/component=rebalancer"
+        cluster.wait(
+            lambda: (
+                cluster.finish_deletions(release) == 0
+                and not cluster.items(f"/api/v1/namespaces/{release}/pods", rebalancer)
+            ),
+            "no rebalancer pod left",
+            timeout=120,
+        )
 
 
 def settle_scheduler(cluster: Cluster, ns: str) -> None:
@@ -461,3 +474,35 @@ def test_the_extender_reads_dra_objects_with_only_the_charts_identity_and_writes
             client.request("DELETE", f"{SLICES}/anything")
     finally:
         client.close()
+
+
+def test_the_rebalancer_reads_dra_objects_with_only_the_charts_identity(
+    cluster: Cluster, dra_release: str, tmp_path: Path
+) -> None:
+    """With `dra.enabled` the chart's rebalancer (its own ServiceAccount: nothing else
+    grants it the DRA reads) gets ready and leads with its five DRA informers synced."""
+    ns = dra_release
+    pod = component_pod(cluster, ns, "rebalancer")
+    assert pod["spec"]["serviceAccountName"] == "gpudaemon-rebalancer"
+    token = pod_bound_token(cluster, ns, pod)
+    kc = _kubeconfig(tmp_path / "rb.kc", cluster.cp.server, "rebalancer", token, cluster.cp.ca)
+    cfg = chart_config(cluster, ns, "gpudaemon-rebalancer", tmp_path / "rb.yaml")
+    assert yaml.safe_load(cfg.read_text())["dra"] == {"enabled": True}
+    listen = f"127.0.0.1:{free_port()}"
+    log = tmp_path / "rebalancer.log"
+    proc = start_agent(
+        ["rebalance", "--config", str(cfg)],
+        env=clean_env(POD_NAME=pod["metadata"]["name"], GPUDAEMON_KUBERNETES__KUBECONFIG=str(kc),
+                      GPUDAEMON_REBALANCE__LISTEN=listen),
+        log=log,
+    )  # fmt: skip
+    try:
+        url = f"http://{listen}"
+        wait_for(lambda: http_get(url + "/readyz")[0] == 200, 90,
+                 what="the rebalancer ready with its DRA informers synced")  # fmt: skip
+        wait_for(lambda: scrape(url + "/metrics", "gpudaemon_rebalancer_passes_total") >= 1,
+                 90, what="a pass")  # fmt: skip
+    finally:
+        stop(proc)
+    text = log.read_text(errors="replace")
+    assert "forbidden" not in text.lower() and "Traceback" not in text, text[-3000:]
