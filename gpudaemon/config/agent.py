@@ -165,8 +165,9 @@ class NodeFields(_Section):
         return self
 
 
-class AgentSettings(NodeFields, _Program):
-    """What `gpudaemon run` and `gpudaemon probe` validate."""
+class AgentFields(NodeFields):
+    """The agent's keys and their checks: `AgentSettings` validates them alone, and
+    `Config` (the whole file) adds the other programs' sections to them."""
 
     schedules: Schedules = Schedules()
     labels: LabelsConfig = LabelsConfig()
@@ -185,3 +186,7 @@ class AgentSettings(NodeFields, _Program):
     def influx_token(self) -> str:
         """The token from the environment or token_file (read now); never logged."""
         return influx_token(self.influxdb)
+
+
+class AgentSettings(AgentFields, _Program):
+    """What `gpudaemon run` and `gpudaemon probe` validate."""

@@ -7,9 +7,6 @@ with no other edit. A raw score only has to order nodes (higher is better);
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 from gpudaemon.cluster.policies.base import (
     Policy,
     PolicySpec,
@@ -20,10 +17,9 @@ from gpudaemon.cluster.policies.base import (
     register,
     unregister,
 )
+from gpudaemon.registry import import_modules
 
-for _mod in pkgutil.iter_modules(__path__):
-    if _mod.name != "base":
-        importlib.import_module(f"{__name__}.{_mod.name}")
+import_modules(__name__, __path__)
 
 from gpudaemon.cluster.policies.binpack import BinPack  # noqa: E402
 from gpudaemon.cluster.policies.spread import Spread  # noqa: E402

@@ -7,9 +7,6 @@ with no other edit; `extender.plugins` in the config enables it by name.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 from gpudaemon.extender.plugins.base import (
     KINDS,
     MAX_NODE_SCORE,
@@ -32,10 +29,9 @@ from gpudaemon.extender.plugins.base import (
     register,
     unregister,
 )
+from gpudaemon.registry import import_modules
 
-for _mod in pkgutil.iter_modules(__path__):
-    if _mod.name != "base":
-        importlib.import_module(f"{__name__}.{_mod.name}")
+import_modules(__name__, __path__)
 
 __all__ = [
     "KINDS",
