@@ -3,6 +3,7 @@ threads, stop gracefully; TlsHttpServer, the same with mutual TLS."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -193,7 +194,10 @@ class HttpServer:
         # Running requests finish; queued ones are cancelled (their connections close).
         server.task_dispatcher.shutdown(cancel_pending=True, timeout=math.ceil(self._grace_s))
         self._stopping.set()
-        trigger.pull_trigger()
+        # Wake the loop to see `_stopping`. It may have seen it already and closed the
+        # trigger on its way out (EBADF): then there is nothing left to wake.
+        with contextlib.suppress(OSError):
+            trigger.pull_trigger()
         loop.join(self._grace_s + 2.0)
 
 
