@@ -186,6 +186,9 @@ class JobRunner:
         self.jobs = jobs
         self.metrics = metrics
         self._log = LogLimiter(60.0)
+        # One run of a job at a time, whoever runs it: the scheduler, or the quarantine
+        # path running the telemetry poll or the label reconcile out of turn.
+        self._running = {name: threading.Lock() for name in jobs}
         for name in jobs:  # every job's series exists from the start, at 0
             metrics.poll_errors.labels(name)
             metrics.job_overruns.labels(name)
@@ -195,6 +198,10 @@ class JobRunner:
         job = self.jobs.get(name)
         if job is None:
             return True
+        with self._running.setdefault(name, threading.Lock()):
+            return self._run(name, job)
+
+    def _run(self, name: str, job: Job) -> bool:
         start = time.perf_counter()
         try:
             job.run()

@@ -25,6 +25,7 @@ from gpudaemon.agent.metrics.collector import GpuCollector, ReadingAgeCollector
 from gpudaemon.agent.metrics.http import HttpServer, make_app
 from gpudaemon.agent.metrics.selfmetrics import AgentMetrics
 from gpudaemon.agent.poller import Poller
+from gpudaemon.agent.quarantine import Quarantine
 from gpudaemon.agent.resourceslices import SliceIndex
 from gpudaemon.backends import Backend, make_backend
 from gpudaemon.config import AgentSettings
@@ -206,6 +207,13 @@ class Agent:
         self.scheduler = CronScheduler(
             on_overrun=lambda job: self.metrics.job_overruns.labels(job).inc()
         )
+        # The fast health path: a GPU turning unhealthy is written at once (quarantine.py).
+        self.quarantine = Quarantine(
+            poll=lambda: self.run_job("telemetry"),
+            reconcile=lambda: self.run_job("labels"),
+            unhealthy=self._unhealthy_uuids,
+            observe=lambda trigger, s: self.metrics.quarantine_seconds.labels(trigger).observe(s),
+        )
         self.jobs = self._job_table()
         self.runner = JobRunner(self.jobs, self.metrics)
         self.http: HttpServer | None = None
@@ -218,7 +226,7 @@ class Agent:
         s = self.cfg.schedules
         table = [
             Job("inventory", s.inventory, self.poller.inventory),
-            Job("telemetry", s.telemetry, self.poller.telemetry),
+            Job("telemetry", s.telemetry, self._telemetry),
             Job("labels", s.labels, self._labels),
         ]
         if s.energy != "none":
@@ -239,9 +247,17 @@ class Agent:
         succeeded or is not configured."""
         return self.runner.run(name)
 
+    def _telemetry(self) -> None:
+        self.poller.telemetry()
+        self.quarantine.after_poll()
+
+    def _unhealthy_uuids(self) -> frozenset[str]:
+        return frozenset(s.uuid for s in self.cache.get().samples if not s.healthy)
+
     def _labels(self) -> None:
         snap = self.cache.get()
         if snap.inventory is not None:
+            self.quarantine.published(frozenset(s.uuid for s in snap.samples if not s.healthy))
             ls = self.labeler.build(snap, self._pod_map())
             if self.faults_store is not None and self.faults_store.value:
                 key = self.faults_store.key
@@ -346,6 +362,8 @@ class Agent:
         self.reconcile_labels()
         self.refresh_pods()
         self.label_sink.start()
+        self.quarantine.start()
+        self.backend.subscribe(self.quarantine.on_xid)
         for job in self.jobs.values():
             self.scheduler.add(job.name, functools.partial(self.run_job, job.name), job.cron)
         self.scheduler.start()
@@ -398,6 +416,7 @@ class Agent:
     def close(self) -> None:
         """Shutdown order: stop polling, let running jobs finish, flush history, close
         sinks and NVML, then stop serving."""
+        self.quarantine.stop()
         self.scheduler.shutdown(wait=True)
         if self.history is not None:
             self.flush_history()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from gpudaemon.health.xid import APPLICATION_XIDS, xid_rule
@@ -130,6 +130,11 @@ class Backend(Protocol):
         """Read the slower health signals (NVLink error counters, retired pages, the
         recovery action, clock-event durations) on `schedules.health`; the next samples
         carry them."""
+        ...
+
+    def subscribe(self, listener: Callable[[int, int], None]) -> None:
+        """Call `listener(index, xid)` for every XID when the driver reports it (NVML's
+        event set; the simulator's of the same API), not at the next poll."""
         ...
 
     def boot_id(self) -> str:

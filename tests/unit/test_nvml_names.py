@@ -20,7 +20,11 @@ import gpudaemon.backends.nvml as backend
 
 PACKAGE = Path(backend.__file__).parent
 # (module file name, its syntax tree), for every module of the package.
-TREES = [(p.name, ast.parse(p.read_text())) for p in sorted(PACKAGE.glob("*.py"))]
+# The XID event loop (backends/xidevents.py) is run over pynvml too, so it is read as well.
+TREES = [
+    (p.name, ast.parse(p.read_text()))
+    for p in [*sorted(PACKAGE.glob("*.py")), PACKAGE.parent / "xidevents.py"]
+]
 # How the backend refers to the pynvml module: `n = self._nvml`, `self._nvml`, or the
 # module handed to a helper as `n`.
 _MODULE_NAMES = {"n", "nvml"}
@@ -90,6 +94,7 @@ def test_the_source_scan_finds_the_backend_s_names() -> None:
         "backend.py",
         "healthreads.py",
         "gpmreads.py",
+        "xidevents.py",
     }
 
 

@@ -41,6 +41,14 @@ class AgentMetrics:
             ["task"],
             registry=registry,
         )
+        self.quarantine_seconds = Histogram(
+            "gpudaemon_quarantine_seconds",
+            "From a GPU turning unhealthy (the XID event, or the poll that found it) to "
+            "the end of the out-of-turn reconcile that wrote it to the Node, by trigger.",
+            ["trigger"],
+            registry=registry,
+            buckets=_POLL_BUCKETS,
+        )
         self.node_writes = Counter(
             "gpudaemon_node_writes",
             "Writes of the agent's labels/annotations, by result.",

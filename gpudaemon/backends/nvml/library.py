@@ -5,7 +5,6 @@ counts. The readings are in backend.py, healthreads.py and gpmreads.py."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from loguru import logger
 
 from gpudaemon.backends import gpm
 from gpudaemon.backends.base import host_boot_id, is_critical_xid
+from gpudaemon.backends.xidevents import XidListener, XidListeners, xid_event_loop
 from gpudaemon.errors import BackendError, NvmlUnavailableError
 from gpudaemon.logsetup import LogLimiter
 from gpudaemon.model import GpuInfo
@@ -93,6 +93,7 @@ class NvmlLibrary:
         self._gpm_ids: dict[int, tuple[str, str]] | None = None
         self._stop = threading.Event()
         self._xid_thread: threading.Thread | None = None
+        self._listeners = XidListeners()
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -233,33 +234,12 @@ class NvmlLibrary:
             logger.debug("GPU {} is lost (fell off the bus); other GPUs carry on", i)
 
     def _xid_loop(self) -> None:
-        n = self._nvml
-        try:
-            evset = n.nvmlEventSetCreate()
-        except n.NVMLError as e:
-            logger.warning("XID events unavailable: {}", e)
-            return
-        by_handle: dict[int, int] = {}
-        for i, h in enumerate(self._handles):
-            try:
-                n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, evset)
-                by_handle[_handle_key(h)] = i
-            except n.NVMLError as e:
-                logger.warning("GPU {}: XID events unavailable: {}", i, e)
-        while not self._stop.is_set():
-            try:
-                data = n.nvmlEventSetWait(evset, 1000)
-            except n.NVMLError as e:
-                if getattr(e, "value", None) == n.NVML_ERROR_TIMEOUT:
-                    continue
-                logger.warning("XID event wait failed: {}; retrying", e)
-                self._stop.wait(1.0)
-                continue
-            i = by_handle.get(_handle_key(data.device), -1)
-            xid = int(data.eventData)
-            self.record_xid(i, xid)
-        with contextlib.suppress(n.NVMLError):
-            n.nvmlEventSetFree(evset)
+        xid_event_loop(self._nvml, self._handles, self._stop, self.record_xid)
+
+    def subscribe(self, listener: XidListener) -> None:
+        """Tell `listener(index, xid)` of every XID as the event thread counts it: the
+        agent's quarantine path wakes on it instead of waiting for the next poll."""
+        self._listeners.add(listener)
 
     def record_xid(self, index: int, xid: int) -> None:
         """Count one XID on a GPU (called by the event thread)."""
@@ -272,6 +252,7 @@ class NvmlLibrary:
                 self._recovery_changed.add(index)
         # Per event at DEBUG: healthlog writes one line per burst from the counters.
         logger.debug("GPU {}: XID {} reported by the driver", index, xid)
+        self._listeners.tell(index, xid)
 
     def _xid_counts(self, index: int) -> dict[int, int]:
         with self._xid_lock:
@@ -280,19 +261,6 @@ class NvmlLibrary:
 
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def _handle_key(h: Any) -> int:
-    """A stable key for an NVML device handle (a ctypes pointer or a test object)."""
-    contents = getattr(h, "contents", None)
-    if contents is not None:
-        try:
-            import ctypes
-
-            return ctypes.addressof(contents)
-        except TypeError:
-            pass
-    return id(h)
 
 
 def _field_value(n: ModuleType, v: Any) -> float:

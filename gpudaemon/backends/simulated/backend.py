@@ -14,9 +14,11 @@ from collections.abc import Callable
 
 from gpudaemon.backends import migprofiles
 from gpudaemon.backends.base import ENERGY_CALLS, GPM_CALLS, GPM_MIG_CALLS, SAMPLE_CALLS
-from gpudaemon.backends.simulated.faults import FaultSpec, fire_faults
+from gpudaemon.backends.simulated.events import SimEventSet
+from gpudaemon.backends.simulated.faults import FaultSpec, fire_faults, record_xid
 from gpudaemon.backends.simulated.profile import GpuSpec, Profile, mig_layout_error
 from gpudaemon.backends.simulated.readings import SimGpu, _cost_s, _health_cost_s, sample_gpu
+from gpudaemon.backends.xidevents import XidListener, XidListeners, xid_event_loop
 from gpudaemon.errors import ProfileError
 from gpudaemon.health import signals
 from gpudaemon.model import MIB, GpuInfo, GpuSample, MigDevice, NodeInventory
@@ -54,6 +56,12 @@ class SimulatedBackend:
         self._lock = threading.Lock()
         self._gpus = self._build()
         self._mig_changes = sorted(profile.mig_changes, key=lambda c: c.after_s)
+        # XID events (`subscribe`): the simulator's event set, run by the same loop as
+        # NVML's, on a thread that starts with the first listener.
+        self._listeners = XidListeners()
+        self._events: SimEventSet | None = None
+        self._stop = threading.Event()
+        self._event_thread: threading.Thread | None = None
 
     def boot_id(self) -> str:
         return self.profile.boot_id
@@ -198,7 +206,58 @@ class SimulatedBackend:
             _spend(sum(g.health_cost_s for g in self._gpus if not g.lost))
 
     def close(self) -> None:
-        pass
+        self._stop.set()
+        if self._event_thread is not None:
+            self._event_thread.join(timeout=3)
+
+    # -- XID events --------------------------------------------------------------
+
+    def subscribe(self, listener: XidListener) -> None:
+        """Tell `listener(index, xid)` of every XID when it happens. From the first
+        listener on, XID faults are driver events through the NVML event loop (as on
+        a GPU node) instead of counts taken by the next sample."""
+        self._listeners.add(listener)
+        with self._lock:
+            if self._events is not None:
+                return
+            self._events = SimEventSet(len(self._gpus), self._release_due_xids)
+        self._event_thread = threading.Thread(
+            target=xid_event_loop,
+            args=(self._events, self._events.handles, self._stop, self.record_xid),
+            name="sim-xid-events",
+            daemon=True,
+        )
+        self._event_thread.start()
+
+    def record_xid(self, index: int, xid: int) -> None:
+        """Count one XID (called by the event loop), then tell the listeners."""
+        with self._lock:
+            if 0 <= index < len(self._gpus):
+                record_xid(self._gpus[index], xid)
+        self._listeners.tell(index, xid)
+
+    def _release_due_xids(self) -> float | None:
+        """Post the XID faults whose time has come (those that wait for no poll); the
+        seconds until the next one, None when none is queued."""
+        events = self._events
+        if events is None:
+            return None
+        with self._lock:
+            elapsed = self._clock() - self._start
+            soonest: float | None = None
+            for g in self._gpus:
+                keep = []
+                for f in g.faults:
+                    if f.kind != "xid" or (f.after_polls and self._polls <= f.after_polls):
+                        keep.append(f)
+                    elif f.after_s <= elapsed:
+                        events.post(g.info.index, f.xid, f.count)
+                    else:
+                        keep.append(f)
+                        wait = f.after_s - elapsed
+                        soonest = wait if soonest is None else min(soonest, wait)
+                g.faults = keep
+            return soonest
 
     # -- test and demo hooks -----------------------------------------------------
 
@@ -206,7 +265,9 @@ class SimulatedBackend:
         """Queue a fault on one GPU; it fires on the next sample that meets its timing."""
         with self._lock:
             self._gpus[index].faults.append(fault)
+            if self._events is not None:
+                self._events.kick()  # an XID fault due now is an event now
 
     def _sample_one(self, g: SimGpu, elapsed: float, dt: float) -> GpuSample:
-        fire_faults(g, elapsed, self._polls)
+        fire_faults(g, elapsed, self._polls, self._events.post if self._events else None)
         return sample_gpu(g, elapsed, dt)

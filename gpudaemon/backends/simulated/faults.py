@@ -3,6 +3,7 @@ would give the signal), and what each does to the GPU's state when it fires."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
@@ -106,9 +107,22 @@ def _fault_misfit(f: FaultSpec, spec: GpuSpec) -> str | None:
     return None
 
 
-def fire_faults(g: SimGpu, elapsed: float, polls: int) -> None:
+def record_xid(g: SimGpu, xid: int, count: int = 1) -> None:
+    """Count XIDs on a GPU, as NVML's event thread does (NvmlLibrary.record_xid)."""
+    g.xids[xid] = g.xids.get(xid, 0) + count
+    if is_critical_xid(xid) and g.first_critical_xid is None:
+        g.first_critical_xid = xid
+
+
+def fire_faults(
+    g: SimGpu,
+    elapsed: float,
+    polls: int,
+    post_xid: Callable[[int, int, int], None] | None = None,
+) -> None:
     """Apply the faults whose time (`after_s`) and poll (`after_polls`) have come;
-    the others stay queued."""
+    the others stay queued. With `post_xid(index, xid, count)` (the event thread
+    runs), an XID fault becomes driver events instead of being counted here."""
     pending = []
     for f in g.faults:
         if elapsed < f.after_s or polls <= f.after_polls:
@@ -117,9 +131,10 @@ def fire_faults(g: SimGpu, elapsed: float, polls: int) -> None:
         if f.kind == "lost":
             g.lost = True
         elif f.kind == "xid":
-            g.xids[f.xid] = g.xids.get(f.xid, 0) + f.count
-            if is_critical_xid(f.xid) and g.first_critical_xid is None:
-                g.first_critical_xid = f.xid
+            if post_xid is not None:
+                post_xid(g.info.index, f.xid, f.count)
+            else:
+                record_xid(g, f.xid, f.count)
         elif f.kind == "ecc":
             g.ecc_corrected += f.corrected
             g.ecc_uncorrected += f.uncorrected
