@@ -31,12 +31,13 @@ class SimAgent:
         clock: Callable[[], float],
         profile: str = "dgx-h100",
         client: object | None = None,
+        taint: bool = False,
     ) -> None:
         self.cfg: Config = load_config(
             environ={},
             overrides={
                 "node_name": node,
-                "labels": {"to": "apiserver"},
+                "labels": {"to": "apiserver", "taint_unhealthy": taint},
                 "kubernetes": {"kubeconfig": str(kubeconfig)},
             },
         )
@@ -55,6 +56,8 @@ class SimAgent:
             node,
             creds,
             self.metrics,
+            prefix=self.cfg.labels.prefix,
+            taint_unhealthy=taint,
             clock=clock,
             client=client,  # type: ignore[arg-type]
         )

@@ -243,9 +243,11 @@ def _run(args: argparse.Namespace) -> int:
     from gpudaemon.agent.app import Agent
     from gpudaemon.config import AgentSettings
     from gpudaemon.logsetup import setup_logging
+    from gpudaemon.runtime import cap_malloc_arenas
 
     cfg = _load(AgentSettings, args, _overrides(args))
     setup_logging(cfg.logging.level, cfg.logging.json_)
+    cap_malloc_arenas()  # before the agent's threads: its memory budget (bench/memory)
     agent = Agent(cfg)
     if not args.once:
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,12 +1,16 @@
-"""The InfluxDB write through influxdb-client's WriteApi in synchronous mode: one call
-sends one body of line protocol and either returns or raises. Failures become
-InfluxWriteError with a `kind` that is also the writer's metric label.
+"""The InfluxDB write through influxdb-client's own write endpoint (`WriteService`, the
+generated API its WriteApi posts through, on its `ApiClient`): one call sends one body
+of line protocol and either returns or raises. Failures become InfluxWriteError with a
+`kind` that is also the writer's metric label.
 
-The client's own batching, retry buffer and jitter are not used: the writer and its
-SQLite spool decide what is sent and when (the spool is what survives an outage or a
-restart), so here retries are off and every failure is reported at once. Imported only
-when `influxdb.url` is set (`agent/app.py` imports the writer lazily): with
-history off, `influxdb_client` is never loaded (tests/unit/history/test_imports.py).
+The client's batching, retry buffer and jitter (WriteApi, over reactivex) are not used:
+the writer and its SQLite spool decide what is sent and when (the spool is what survives
+an outage or a restart), so here retries are off and every failure is reported at once.
+Going to the WriteService skips `InfluxDBClient`, which imports every query, task and
+bucket API and their models: with the lazy package `__init__`s (gpudaemon/lazyimport.py)
+history costs 1.2 MiB of imports instead of 13 (docs/benchmarks.md, bench/memory).
+Imported only when `influxdb.url` is set (`agent/app.py` imports the writer lazily):
+with history off, `influxdb_client` is never loaded (tests/unit/history/test_imports.py).
 """
 
 from __future__ import annotations
@@ -30,16 +34,23 @@ class Transport(Protocol):
 
 
 class ClientTransport:
-    """influxdb-client's synchronous WriteApi, its errors classified. The token goes as
-    `Authorization: Token ...` (InfluxDB 1.8 takes `user:password` there); credentials
-    in the URL (`http://user:password@host`, as curl reads them) become HTTP Basic auth
-    and leave the URL, unless a token is given, which wins."""
+    """influxdb-client's WriteService on its ApiClient, set up as `InfluxDBClient` sets
+    them up, its errors classified. The token goes as `Authorization: Token ...`
+    (InfluxDB 1.8 takes `user:password` there); credentials in the URL
+    (`http://user:password@host`, as curl reads them) become HTTP Basic auth and leave
+    the URL, unless a token is given, which wins."""
 
     def __init__(self, url: str, token: str, org: str, bucket: str, timeout_ms: int) -> None:
+        import base64
+
         import certifi
-        from influxdb_client.client.influxdb_client import InfluxDBClient
-        from influxdb_client.client.write_api import SYNCHRONOUS
-        from influxdb_client.domain.write_precision import WritePrecision
+
+        from gpudaemon import lazyimport
+
+        lazyimport.install()
+        from influxdb_client._sync.api_client import ApiClient
+        from influxdb_client.configuration import Configuration
+        from influxdb_client.service.write_service import WriteService
 
         parts = urllib.parse.urlsplit(url)
         user, password = parts.username, parts.password
@@ -47,33 +58,40 @@ class ClientTransport:
             parts = parts._replace(netloc=parts.netloc.rpartition("@")[2])
         basic = not token and user is not None
         if basic:
-            token = f"{urllib.parse.unquote(user or '')}:{urllib.parse.unquote(password or '')}"
+            secret = f"{urllib.parse.unquote(user or '')}:{urllib.parse.unquote(password or '')}"
+            header = "Basic " + base64.b64encode(secret.encode()).decode()
+        else:
+            header = "Token " + token
         self._bucket, self._org = bucket, org
-        self._precision: Any = WritePrecision.MS
+        conf = Configuration()  # type: ignore[no-untyped-call]
+        conf.host = urllib.parse.urlunsplit(parts).rstrip("/")
+        conf.timeout = timeout_ms
+        # One connection: the history job is the only writer. certifi's bundle for
+        # https, the one this client trusted before 1.50.
+        conf.connection_pool_maxsize = 1
+        conf.ssl_ca_cert = certifi.where() if parts.scheme == "https" else None
         # retries=False: a retry would block the history job past timeout_ms; the
-        # spool is our retry. One connection: the history job is the only writer.
-        # certifi's bundle for https, the one this client trusted before 1.50.
-        self._client = InfluxDBClient(
-            url=urllib.parse.urlunsplit(parts).rstrip("/"),
-            token=token,
-            org=org,
-            timeout=timeout_ms,
-            retries=False,
-            auth_basic=basic,
-            connection_pool_maxsize=1,
-            ssl_ca_cert=certifi.where() if parts.scheme == "https" else None,
+        # spool is our retry.
+        self._api = ApiClient(  # type: ignore[no-untyped-call]
+            configuration=conf, header_name="Authorization", header_value=header, retries=False
         )
-        self._write = self._client.write_api(write_options=SYNCHRONOUS)
+        self._service = WriteService(self._api)  # type: ignore[no-untyped-call]
 
     def write(self, body: bytes) -> None:
         try:
-            self._write.write(self._bucket, self._org, body, self._precision)
+            self._service.post_write(  # type: ignore[no-untyped-call]
+                org=self._org,
+                bucket=self._bucket,
+                body=body,
+                precision="ms",
+                async_req=False,
+                content_type="text/plain; charset=utf-8",
+            )
         except Exception as e:
             raise _client_error(e) from None
 
     def close(self) -> None:
-        self._write.close()  # type: ignore[no-untyped-call]
-        self._client.close()  # type: ignore[no-untyped-call]
+        self._api.__del__()  # type: ignore[no-untyped-call]  # its pool; close() is async-only
 
 
 # The shared HTTP failure kinds, as this writer's metric labels (kept from before).

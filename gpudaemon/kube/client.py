@@ -100,6 +100,9 @@ class KubeClient:
         timeout_s: float = 10.0,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
     ) -> KubeClient:
+        from gpudaemon import lazyimport
+
+        lazyimport.install()  # kubernetes/__init__ would load watch, stream, dynamic...
         from kubernetes import client, config
 
         if creds.in_cluster:

@@ -5,13 +5,19 @@ rebalancer keeps no mirror of its own), plans with `planner`, and, while it hold
 leader Lease and only with --apply, evicts through the Eviction API (so every
 PodDisruptionBudget holds). Every decision is an Event on the pod.
 
+Between the regular passes (rebalance.interval_s) a drain-only pass runs when the Node
+watch shows a GPU newly needing a drain (`wake.py`) and when a sick GPU's grace runs
+out, so a verdict is acted on when it arrives, not up to an interval later.
+
 Its parts: `passes.py` (one pass's decisions and acts), `metrics.py` (series),
-`ratelimit.py`, `state.py` (what the Lease carries), `actions.py` (the API calls), and
-the shared `kube.runner` (start, readiness, /metrics, close).
+`ratelimit.py`, `state.py` (what the Lease carries), `actions.py` (the API calls),
+`wake.py` (what wakes the loop), and the shared `kube.runner` (start, readiness,
+/metrics, close).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -49,9 +55,19 @@ from gpudaemon.rebalancer.planner import (
 )
 from gpudaemon.rebalancer.ratelimit import RateLimit
 from gpudaemon.rebalancer.state import STATE_ANNOTATION, LeaseState
+from gpudaemon.rebalancer.wake import SickWatch
 from gpudaemon.selector import selector_matcher
 
 LEASE_NAME = REBALANCER_LEASE
+# How soon a stop set from a signal handler ends the loop's wait: the handler sets only
+# `stop_event`, and a wait on the wake event does not see it.
+STOP_POLL_S = 0.25
+# A drain pass for a grace's end runs this much after it: the pass reads the wall clock
+# again, and one a hair early would find the grace still running.
+GRACE_MARGIN_S = 0.01
+# Drain-only passes start at least this long after the last pass: a burst of verdicts
+# (a rack losing power) is a few passes a second, not one per Node event.
+DRAIN_GAP_S = 0.25
 
 
 class Rebalancer:
@@ -113,10 +129,13 @@ class Rebalancer:
             self.rb, self.policy, self.metrics, self.actions, self.state, self.elector,
             self._pending_uids, clock,
         )  # fmt: skip
+        # Set by the Node watch when a GPU newly needs a drain, and by close().
+        self.wake = threading.Event()
+        self.sick_watch = SickWatch(self.gpus_key, self.wake)
         cap = cfg.kubernetes.backoff_max_seconds
         c = self.cluster
         self.reflectors = [
-            Reflector(client, "nodes", "/api/v1/nodes", c.replace_nodes, c.node_event,
+            Reflector(client, "nodes", "/api/v1/nodes", self._nodes_replace, self._node_event,
                       backoff=Backoff(0.5, cap)),
             Reflector(client, "pods", "/api/v1/pods", c.replace_pods, c.pod_event,
                       query={"fieldSelector": POD_SELECTOR}, backoff=Backoff(0.5, cap)),
@@ -156,6 +175,14 @@ class Rebalancer:
         gpus = decode_gpus((meta.get("annotations") or {}).get(self.gpus_key) or "[]")
         return node_facts(obj), gpus
 
+    def _nodes_replace(self, items: list[dict[str, Any]]) -> None:
+        self.cluster.replace_nodes(items)
+        self.sick_watch.replace(items)  # after: a drain pass it wakes sees the nodes
+
+    def _node_event(self, kind: str, obj: dict[str, Any]) -> None:
+        self.cluster.node_event(kind, obj)
+        self.sick_watch.node_event(kind, obj)
+
     def _parse(self, obj: Mapping[str, Any]) -> PodFacts | None:
         return pod_facts(obj, self.product_label, self.selector)
 
@@ -194,6 +221,15 @@ class Rebalancer:
         with self.metrics.pass_seconds.time():
             self._pass()
 
+    def run_drain_pass(self) -> None:
+        """A drain-only pass (the leader only), counted and timed as a pass."""
+        self.metrics.passes.inc()
+        with self.metrics.pass_seconds.time():
+            _, gpu_states, running = self.facts()
+            fresh = self.cluster.freshness(gpu_states)
+            blocked = self.passes.drain_pass(gpu_states, running, fresh)
+        self.metrics.blocked.set(blocked)
+
     def facts(
         self,
     ) -> tuple[dict[str, NodeFacts], dict[str, list[GpuState]], dict[str, PodFacts]]:
@@ -222,24 +258,69 @@ class Rebalancer:
                     self.server.listen, self.identity, mode)  # fmt: skip
 
     def loop(self) -> None:
-        """Elect, then a pass every interval while leading and synced."""
+        """Elect, then a pass every interval while leading and synced; between them a
+        drain-only pass when woken (a GPU newly needs a drain) or when a sick GPU's
+        grace runs out. A wake renews no Lease: an eviction checkpoints it anyway."""
         renew = max(1.0, self.rb.lease_duration_s / 3)
-        next_pass = self.clock()
+        next_pass = next_renew = self.clock()
+        last_pass = -math.inf
+        drain_at: float | None = None  # the next drain-only pass: woken, or a grace's end
+        leading = False
         while not self.stop_event.is_set():
-            leading = self.elector.try_acquire_or_renew()
-            self.metrics.leader.set(1 if leading else 0)
-            if not leading:
-                self.reservations.clear()  # a new leader starts with none
-            if leading and self.synced() and self.clock() >= next_pass:
-                try:
-                    self.run_pass()
-                except Exception as e:  # a bug must not stop the loop
-                    logger.exception("rebalancer: pass failed: {}", e)
-                next_pass = self.clock() + self.rb.interval_s
-            wait = self.elector.retry_in(renew)
+            if self.wake.is_set():
+                self.wake.clear()  # before the pass: a verdict during it wakes the next
+                at = max(self.clock(), last_pass + DRAIN_GAP_S)
+                drain_at = at if drain_at is None else min(drain_at, at)
+            renewing = self.clock() >= next_renew
+            if renewing:
+                leading = self.elector.try_acquire_or_renew()
+                self.metrics.leader.set(1 if leading else 0)
+                if not leading:
+                    self.reservations.clear()  # a new leader starts with none
+            else:
+                leading = self.elector.leading  # past its renew deadline: stop acting
+            if not (leading and self.synced()):
+                drain_at = None  # the first pass once leading and synced drains anyway
+            elif (now := self.clock()) >= next_pass or (drain_at is not None and now >= drain_at):
+                regular = now >= next_pass
+                self._guarded(self.run_pass if regular else self.run_drain_pass)
+                last_pass = self.clock()
+                if regular:
+                    next_pass = last_pass + self.rb.interval_s
+                drain_at = self._grace_end(last_pass, next_pass)
+            if renewing:
+                next_renew = self.clock() + self.elector.retry_in(renew)
+            wait = next_renew - self.clock()
             if leading:
                 wait = min(wait, max(0.2, next_pass - self.clock()))
-            self.stop_event.wait(wait)
+                if drain_at is not None:
+                    wait = min(wait, max(0.01, drain_at - self.clock()))
+            self._sleep(wait)
+
+    @staticmethod
+    def _guarded(run: Callable[[], None]) -> None:
+        try:
+            run()
+        except Exception as e:  # a bug must not stop the loop
+            logger.exception("rebalancer: pass failed: {}", e)
+
+    def _grace_end(self, last_pass: float, next_pass: float) -> float | None:
+        """When (monotonic) a sick GPU's grace runs out, if before the next regular
+        pass: its drain then is not an interval late. The grace clocks are wall times."""
+        left = self.state.grace_left(self.rb.grace_s)
+        if left is None:
+            return None
+        at = max(self.clock() + left + GRACE_MARGIN_S, last_pass + DRAIN_GAP_S)
+        return at if at < next_pass else None
+
+    def _sleep(self, seconds: float) -> None:
+        """Until `seconds` pass, a wake, or a stop, whichever comes first (on the real
+        clock: Event.wait sleeps on it, whatever clock the loop was given)."""
+        deadline = time.monotonic() + seconds
+        while not self.stop_event.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or self.wake.wait(min(left, STOP_POLL_S)):
+                return
 
     def run(self) -> int:
         self.start()
@@ -251,6 +332,7 @@ class Rebalancer:
 
     def close(self) -> None:
         self.stop_event.set()
+        self.wake.set()  # the loop, if waiting, sees the stop at once
         self.reservations.clear()
         self.elector.release()
         self.metrics.leader.set(0)

@@ -28,6 +28,9 @@ from gpudaemon.rebalancer.metrics import RebalancerMetrics
 from gpudaemon.rebalancer.planner import Decision, NodeFacts, Placer, PodFacts, defragment
 from gpudaemon.rebalancer.state import LeaseState
 
+# An evicted pod is not evicted again for this long: drain passes can now follow each
+# other within a second, before the pod watch shows the pod terminating.
+EVICTED_HOLD_S = 60.0
 ROOM_BACKOFF_S = 600.0
 ROOM_BACKOFF_MAX_S = 6 * 3600.0
 MAX_BACKOFF_PODS = 10_000
@@ -57,6 +60,10 @@ class Pass:
         self.room_tries: dict[str, int] = {}  # pending UID -> plans run for it
         # With DRA: (node, GPU UUID) -> UIDs of the pods holding it through a claim.
         self.claim_holders: Callable[[str, str], Sequence[str]] | None = None
+        # Pods the last drain and the last defragmentation wanted to evict but could
+        # not: a drain-only pass replaces the first and keeps the second for the gauge.
+        self.blocked_drain = self.blocked_defrag = 0
+        self.evicted_at: dict[str, float] = {}  # pod UID -> when this replica evicted it
 
     def run(
         self, nodes: Mapping[str, NodeFacts], gpu_states: Mapping[str, list[GpuState]],
@@ -65,8 +72,19 @@ class Pass:
     ) -> int:  # fmt: skip
         """Drain, then at most one defragmentation plan; the pods it wanted to evict
         but could not."""
-        blocked = self._drain(gpu_states, running, fresh)
-        return blocked + self._defragment(pending, states, fresh, nodes, running)
+        self.blocked_drain = self._drain(gpu_states, running, fresh)
+        self.blocked_defrag = self._defragment(pending, states, fresh, nodes, running)
+        return self.blocked_drain + self.blocked_defrag
+
+    def drain_pass(
+        self, gpu_states: Mapping[str, list[GpuState]], running: Mapping[str, PodFacts],
+        fresh: Mapping[str, bool],
+    ) -> int:  # fmt: skip
+        """The drain alone, between regular passes (a GPU newly needs one, or its grace
+        ran out): defragmentation waits for the regular pass, so the scheduler settles
+        between plans. Returns the blocked pods, the last plan's included."""
+        self.blocked_drain = self._drain(gpu_states, running, fresh)
+        return self.blocked_drain + self.blocked_defrag
 
     def commit(self, node: str, count: int) -> bool:
         """Write evictions into the Lease before making them, and make sure we still
@@ -87,8 +105,12 @@ class Pass:
         sick = self.state.sick_gpus(gpu_states)
         if self.claim_holders is not None:  # DRA: who holds the GPU through a claim
             sick = with_claim_holders(sick, running, self.claim_holders)
+        now = self.clock()
+        self.evicted_at = {u: t for u, t in self.evicted_at.items() if now - t < EVICTED_HOLD_S}
         blocked = 0
         for d in drain(sick, running, fresh, self.rb.grace_s):
+            if d.pod.uid in self.evicted_at:
+                continue  # evicted a moment ago; the pod watch has not shown it going yet
             if not d.evict:
                 blocked += 1
                 if self.actions.event(
@@ -250,6 +272,7 @@ class Pass:
                 logger.warning("rebalancer: evicting {} failed: {}", pod.key, e)
             return False
         self.metrics.evicted(d, "done")
+        self.evicted_at[pod.uid] = self.clock()
         logger.info("rebalancer: evicted {}: {}", pod.key, d.message)
         self.actions.event(pod, "RebalanceEvicted", d.message)
         return True

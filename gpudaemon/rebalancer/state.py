@@ -96,6 +96,13 @@ class LeaseState:
             del self.unhealthy_since[key]
         return sick
 
+    def grace_left(self, grace_s: float) -> float | None:
+        """Seconds until the first sick GPU whose grace still runs reaches its end (None:
+        none does), so the leader can drain it then rather than at its next pass."""
+        now = self.wall()
+        left = [t + grace_s - now for t in self.unhealthy_since.values()]
+        return min((x for x in left if x > 0), default=None)
+
     def live_reservations(self, pending: Container[str]) -> list[Reservation]:
         """Drop the reservations whose pod is bound or gone (not in `pending`), or whose
         time ran out; the rest, soonest to end first."""

@@ -29,6 +29,13 @@ class AgentMetrics:
             registry=registry,
             buckets=_POLL_BUCKETS,
         )
+        self.poll_cpu_seconds = Counter(
+            "gpudaemon_poll_cpu_seconds",
+            "CPU time the job's thread spent in its runs, by job (beside the wall time of "
+            "gpudaemon_poll_duration_seconds: waiting is the difference).",
+            ["task"],
+            registry=registry,
+        )
         self.poll_errors = Counter(
             "gpudaemon_poll_errors",
             "Scheduled job runs that failed, by job.",

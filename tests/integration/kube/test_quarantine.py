@@ -88,7 +88,7 @@ def grant_dra(cp: ControlPlane) -> None:
 
 
 def publish_slice(cp: ControlPlane, node: str, agent: Agent) -> None:
-    inv = wait_for(lambda: agent.cache.get().inventory, 30, what=f"{node} inventory")
+    inv = agent.backend.inventory()  # before the agent runs: its slice index reads it
     devices = [
         {"name": f"gpu-{g.index}", "attributes": {
             "type": {"string": "gpu"}, "uuid": {"string": g.uuid},

@@ -8,11 +8,14 @@ real `gpudaemon rebalance --apply`.
    minAvailable 1 refuses until it allows it; the replacement runs on a healthy GPU.
 2. A pod on a degraded GPU (a clock slowdown: action watch) is left alone, and a new
    pod goes to a healthy GPU's node although bin-packing prefers the degraded node.
+3. A verdict is acted on when it arrives: with a pass every 30 s and a 2 s grace, the
+   eviction is requested within the grace and 2 s of the Node showing the verdict.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -133,3 +136,30 @@ def test_a_degraded_gpu_is_left_alone_and_new_pods_prefer_healthy_ones(rig: Reba
     rig.stop_rebalancers()
     rig.delete(f"/apis/apps/v1/namespaces/{NS}/deployments/steady")
     rig.delete(f"/api/v1/namespaces/{NS}/pods/{newcomer}")
+
+
+def test_a_verdict_is_drained_when_its_grace_ends_not_at_the_next_pass(
+    rig: RebalanceRig,
+) -> None:
+    name, node, gpu = start(rig, "prompt", "prompter")
+    grace, passes = 2.0, "gpudaemon_rebalancer_passes_total"
+    url = rig.start_rebalancer("prompt", apply=True, interval_s=30, grace_s=grace)
+    wait_for(lambda: metric(url, passes) >= 1, 30, interval=0.05, what="the first pass")
+    first = time.monotonic()
+    simulated(rig, node).inject(gpu, FaultSpec(kind="row_remap", pending=True))
+    shown = wait_for(lambda: verdicts(rig, node)[gpu].get("action") == "reset_gpu"
+                     and time.monotonic(), 30, interval=0.05, what="the Node's verdict")  # fmt: skip
+    try:
+        evicted = wait_for(lambda: metric(url, DRAINS, action="reset_gpu", result="done") >= 1
+                           and time.monotonic(), grace + 10, interval=0.05,
+                           what="the eviction")  # fmt: skip
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{rig.rebalancer_log('prompt')[-4000:]}") from None
+    took = evicted - shown
+    print(f"verdict on the Node -> eviction: {took:.2f} s (grace {grace} s)")
+    assert took <= grace + 2.0
+    assert evicted - first < 30  # not the next regular pass
+    assert metric(url, passes) >= 3  # the first, the wake's drain pass, the grace end's
+    assert "RebalanceEvicted" in reasons(rig, name)
+    rig.stop_rebalancers()
+    rig.delete(f"/apis/apps/v1/namespaces/{NS}/deployments/prompter")
