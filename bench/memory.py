@@ -52,12 +52,13 @@ from tests.support import (
 
 # What real NVML adds to the agent's RSS over simulated GPUs: the pynvml module, nvmlInit
 # (the driver library and its buffers) and the driver's memory while polling. Derived
-# from the same agent configuration (`--unreachable`: a kubeconfig and InfluxDB on, both
-# unreachable, telemetry every second, /metrics scraped) measured whole on a real H100
-# (107.5 MiB, Python 3.12, 2026-11-26, ../shared/measurements/h100-gpm-health.md) and on
-# simulated GPUs here at the same commit (68.1 MiB on Python 3.11, 68.3 on 3.12): 39.4
-# MiB. The earlier 22 MiB was nvmlInit alone, in a fresh interpreter.
-NVML_INIT_MIB = 39.4
+# from one agent configuration (`--unreachable`: a kubeconfig and InfluxDB on, both
+# unreachable, telemetry every second, /metrics scraped) at one commit (9831538) with
+# one GPU: 107.5 MiB on a real H100 (Python 3.12.3, 2026-11-26,
+# ../shared/measurements/h100-gpm-health.md) against 70.5 MiB on one simulated H100
+# (Python 3.12.1 and 3.11.7 alike, docs/benchmarks.md): 37.0 MiB. The earlier 22 MiB
+# was nvmlInit alone, in a fresh interpreter.
+NVML_INIT_MIB = 37.0
 BUDGET_REAL_MIB = 100.0  # the agent with real NVML (issue 29)
 BUDGET_SIM_MIB = BUDGET_REAL_MIB - NVML_INIT_MIB
 

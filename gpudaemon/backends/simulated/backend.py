@@ -24,12 +24,15 @@ from gpudaemon.health import signals
 from gpudaemon.model import MIB, GpuInfo, GpuSample, MigDevice, NodeInventory
 
 
-def _spend(seconds: float) -> None:
-    """Take `seconds` of wall time the way an NVML call does: on the CPU. Sleeps only
-    the part of a long wait that a sleep's overshoot cannot spoil."""
+def _spend(seconds: float, start: float | None = None) -> None:
+    """Take `seconds` of wall time from `start` (default: now) the way an NVML call
+    does: on the CPU. A `start` in the past counts the simulator's own work since then
+    towards it. Sleeps only the part of a long wait that a sleep's overshoot cannot
+    spoil."""
+    end = (time.perf_counter() if start is None else start) + seconds
+    seconds = end - time.perf_counter()
     if seconds <= 0.0:
         return
-    end = time.perf_counter() + seconds
     if seconds > 0.002:
         time.sleep(seconds - 0.001)
     while time.perf_counter() < end:
@@ -96,6 +99,7 @@ class SimulatedBackend:
                         walk=spec.utilization.mean,
                         rng=random.Random(f"{self.seed}:{index}"),
                         sample_cost_s=_cost_s(spec, SAMPLE_CALLS),
+                        overhead_s=spec.sample_overhead_us / 1e6,
                         energy_cost_s=_cost_s(spec, ENERGY_CALLS),
                         health_cost_s=_health_cost_s(spec),
                         gpm_cost_s=_cost_s(spec, GPM_CALLS),
@@ -182,6 +186,7 @@ class SimulatedBackend:
 
     def sample(self) -> tuple[GpuSample, ...]:
         with self._lock:
+            started = time.perf_counter()
             now = self._clock()
             dt = max(0.0, now - self._last)
             self._last = now
@@ -189,7 +194,8 @@ class SimulatedBackend:
             elapsed = now - self._start
             self._apply_mig_changes(elapsed)
             out = tuple(self._sample_one(g, elapsed, dt) for g in self._gpus)
-            _spend(sum(g.cost_s() for g in self._gpus if not g.lost))
+            # What a real sample costs, the simulator's own computing included.
+            _spend(sum(g.cost_s() for g in self._gpus if not g.lost), started)
             return out
 
     def energy(self) -> dict[int, float | None]:

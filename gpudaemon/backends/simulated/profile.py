@@ -128,6 +128,10 @@ class GpuSpec(_Strict):
     # GPM (SM / tensor / DRAM activity, NVLink and PCIe bytes): Hopper (9.0) and later
     # have it; false turns it off (a GPU or driver without it); absent: by the GPU.
     gpm: Annotated[bool, Field(strict=True)] | None = None
+    # The real backend's own work per GPU sample around its NVML calls (Python, pynvml's
+    # ctypes), in microseconds. The simulator's own computing counts towards it, so a
+    # sample costs what a real one costs, however fast or slow the simulator is.
+    sample_overhead_us: Annotated[Number, Field(ge=0.0, le=1e6)] = 0.0
     # NVML call name -> its mean latency in microseconds on this GPU (absent: free).
     nvml_latency_us: dict[str, Annotated[Number, Field(ge=0.0, le=1e6)]] = {}  # noqa: RUF012 (pydantic copies it)
 

@@ -47,6 +47,7 @@ class SimGpu:
     # seed, and seeding a generator per sample cost more than the rest of the sample.
     rng: random.Random = field(default_factory=random.Random)
     sample_cost_s: float = 0.0  # what NVML would take for this GPU's sample
+    overhead_s: float = 0.0  # ... and the real backend's own work around those calls
     mig_generation: int = 0  # how many times the MIG layout was changed
     energy_cost_s: float = 0.0  # ... and for its energy read
     health_cost_s: float = 0.0  # ... and for its health counters' read
@@ -68,11 +69,15 @@ class SimGpu:
     gpm_counters: gpm.Counters = field(default_factory=gpm.Counters)
 
     def cost_s(self) -> float:
-        """What NVML would take for this GPU's sample, GPM included."""
+        """What a real sample of this GPU would take: its NVML calls, GPM included, and
+        the backend's own work around them."""
         if not has_gpm(self.spec):
-            return self.sample_cost_s
+            return self.sample_cost_s + self.overhead_s
         return (
-            self.sample_cost_s + self.gpm_cost_s + self.gpm_mig_cost_s * len(self.info.mig_devices)
+            self.sample_cost_s
+            + self.overhead_s
+            + self.gpm_cost_s
+            + self.gpm_mig_cost_s * len(self.info.mig_devices)
         )
 
 
