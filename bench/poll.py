@@ -77,11 +77,15 @@ class TimedBackend:
 
 
 def profile(n: int, measured: bool = False) -> str:
-    """n H100s; `measured`: with the per-call latencies of the built-in h100-measured."""
-    latency = load_profile("h100-measured").gpus[0].nvml_latency_us if measured else {}
+    """n H100s; `measured`: with the per-call latencies and the backend's own work of
+    the built-in h100-measured (what a real sample costs)."""
+    spec = load_profile("h100-measured").gpus[0]
+    latency = spec.nvml_latency_us if measured else {}
+    overhead = spec.sample_overhead_us if measured else 0.0
     return (
         "gpus: [{name: NVIDIA H100 80GB HBM3, memory_total_mib: 81559,"
-        f" compute_capability: '9.0', count: {n}, nvml_latency_us: {json.dumps(latency)}}}]"
+        f" compute_capability: '9.0', count: {n}, nvml_latency_us: {json.dumps(latency)},"
+        f" sample_overhead_us: {overhead}}}]"
     )
 
 

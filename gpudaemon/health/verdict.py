@@ -133,6 +133,14 @@ def worst(found: Sequence[Verdict]) -> Verdict:
 
 
 def apply(s: GpuSample, v: Verdict) -> GpuSample:
+    healthy = v.state != "unhealthy"
+    if (s.healthy, s.health_reason, s.health_state, s.health_action) == (
+        healthy,
+        v.reason,
+        v.state,
+        v.action,
+    ):
+        return s  # already so (a healthy GPU, every poll): no copy of ~50 fields
     return replace(
         s,
         healthy=v.state != "unhealthy",
