@@ -146,7 +146,7 @@ class Quarantine:
         took = self.clock() - (since if since is not None else self.clock())
         self._observe(trigger, took)
         logger.info(
-            "quarantined {} GPU(s) {}: Node written {:.0f} ms after the {}",
+            "quarantined {} GPU(s) {}: labels written {:.0f} ms after the {}",
             len(news),
             ", ".join(sorted(news)),
             took * 1000,
