@@ -121,6 +121,23 @@ def import_steps() -> list[tuple[str, float]]:
     return [(what, float(v)) for (what, _), v in zip(IMPORT_STEPS, out, strict=True)]
 
 
+def scrape_for(port: int, seconds: float, log: Path) -> int:
+    """Once the agent is ready, scrape its /metrics every second for `seconds`, as
+    Prometheus would; how many GPU series the last page had."""
+    try:
+        wait_for(lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 60, what="/readyz")
+    except AssertionError:
+        raise SystemExit(log.read_text()[-3000:]) from None
+    series = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        status, body = http_get(f"http://127.0.0.1:{port}/metrics")
+        assert status == 200
+        series = sum(1 for ln in body.splitlines() if ln.startswith(b"gpudaemon_gpu_"))
+        time.sleep(1.0)
+    return series
+
+
 def run_agent(
     cp: ControlPlane,
     influx: InfluxServer,
@@ -159,19 +176,7 @@ def run_agent(
     else:
         proc = start_agent(args, log=log, cwd=code)
     try:
-        try:
-            wait_for(
-                lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 60, what="/readyz"
-            )
-        except AssertionError:
-            raise SystemExit(log.read_text()[-3000:]) from None
-        series = 0
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            status, body = http_get(f"http://127.0.0.1:{port}/metrics")
-            assert status == 200
-            series = sum(1 for ln in body.splitlines() if ln.startswith(b"gpudaemon_gpu_"))
-            time.sleep(1.0)
+        series = scrape_for(port, seconds, log)
         labelled = cp.node(node)["metadata"].get("labels", {}).get("gpudaemon.io/gpu.count")
         assert labelled == "8", "the agent did not label its Node"
         assert not history or influx.points(db, field="power_watts"), "no history written"
@@ -210,16 +215,7 @@ def run_unreachable(tmp: Path, seconds: float, nvml: bool, code: Path) -> tuple[
     log = tmp / f"unreachable-{port}.log"
     proc = start_agent(["run", "--config", str(cfg)], log=log, cwd=code)
     try:
-        try:
-            wait_for(
-                lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 60, what="/readyz"
-            )
-        except AssertionError:
-            raise SystemExit(log.read_text()[-3000:]) from None
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            assert http_get(f"http://127.0.0.1:{port}/metrics")[0] == 200
-            time.sleep(1.0)
+        scrape_for(port, seconds, log)
         return rss_mib(proc.pid)
     finally:
         stop(proc)

@@ -32,7 +32,6 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from loguru import logger
 from prometheus_client.parser import text_string_to_metric_families
@@ -44,21 +43,11 @@ from gpudaemon.agent.quarantine import Quarantine
 from gpudaemon.backends.simulated import FaultSpec
 from gpudaemon.kube.client import Credentials, KubeClient
 from tests.integration.kube.controlplane import RBAC, ControlPlane
+from tests.kubeobjects import quarantined
 from tests.support import tools_bin
 
 P = "gpudaemon.io/"
 WRITES = ("PATCH", "APPLY", "UPDATE", "POST", "CREATE")
-
-
-def quarantined(node: dict[str, Any]) -> bool:
-    labels = node["metadata"].get("labels") or {}
-    conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions") or []}
-    taints = {(t["key"], t["effect"]) for t in node.get("spec", {}).get("taints") or []}
-    return (
-        labels.get(P + "gpu.unhealthy") == "1"
-        and conds.get("GPUHealthy") == "False"
-        and (P + "gpu-unhealthy", "NoSchedule") in taints
-    )
 
 
 def server_metrics(cp: ControlPlane) -> tuple[float, dict[float, float]]:

@@ -75,3 +75,16 @@ def pod_obj(
         "spec": spec,
         "status": {"phase": "Running"},
     }
+
+
+def quarantined(node: dict[str, Any], prefix: str = "gpudaemon.io/") -> bool:
+    """A Node shows all three of the agent's quarantine: label `gpu.unhealthy` not 0,
+    condition `GPUHealthy=False`, taint `gpu-unhealthy:NoSchedule`."""
+    labels = node["metadata"].get("labels") or {}
+    conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions") or []}
+    taints = {(t["key"], t["effect"]) for t in node.get("spec", {}).get("taints") or []}
+    return (
+        labels.get(prefix + "gpu.unhealthy", "0") != "0"
+        and conds.get("GPUHealthy") == "False"
+        and (prefix + "gpu-unhealthy", "NoSchedule") in taints
+    )

@@ -25,6 +25,7 @@ from gpudaemon.agent.app import Agent
 from gpudaemon.backends.simulated import FaultSpec, SimulatedBackend
 from gpudaemon.config import load_config
 from tests.integration.kube.controlplane import AGENT_USER, ControlPlane
+from tests.kubeobjects import quarantined
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
@@ -51,18 +52,6 @@ class LogTimes:
 
     def close(self) -> None:
         logger.remove(self._id)
-
-
-def quarantined(node: dict[str, Any]) -> bool:
-    """All three on the Node: the label, the condition and the taint."""
-    labels = node["metadata"].get("labels") or {}
-    conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions") or []}
-    taints = {(t["key"], t["effect"]) for t in node.get("spec", {}).get("taints") or []}
-    return (
-        labels.get(P + "gpu.unhealthy") == "1"
-        and conds.get("GPUHealthy") == "False"
-        and (P + "gpu-unhealthy", "NoSchedule") in taints
-    )
 
 
 def grant_dra(cp: ControlPlane) -> None:
