@@ -61,6 +61,7 @@ def gang_config(helm: Path, mode: str) -> tuple[dict[str, Any], list[str]]:
         proc = subprocess.run(
             [str(helm), "template", "gpudaemon", str(REPO / "deploy/helm/gpudaemon"),
              "--set", f"scheduler.gang.mode={mode}",
+             "--set", "image.repository=registry.example.com/gpudaemon",
              "--show-only", f"templates/scheduler/{show}.yaml"],
             capture_output=True, text=True, check=True, timeout=120,
         )  # fmt: skip

@@ -31,8 +31,11 @@ Configurations (all percentageOfNodesToScore: 100, one kube-scheduler process ea
   binpack        deploy/scheduler/kube-scheduler-config.yaml + `gpudaemon extender`
   fragmentation  the same with extender.policy: fragmentation
   *-hami         (on request) binpack/fragmentation with extender.candidates: 1 and
-                 NodeResourcesFit MostAllocated scoring the pods the extender never sees
-  fragmentation-all  (on request) no managedResources: the extender scores every pod
+                 NodeResourcesFit MostAllocated scoring the pods asking for no GPU
+  fragmentation-all  (on request) extender.score_gpuless_pods: the policy also ranks
+                 the pods asking for no GPU (the shipped profile sends it every pod)
+  fragmentation-gpuonly  (on request) managedResources: nvidia.com/gpu, the profile as
+                 shipped before issue 40: only GPU pods reach the extender
 
   scripts/bench openb [--fast] [--lists default,multigpu50] [--seeds 1,2,3]
               [--configs default,mostallocated,binpack,fragmentation] [--window 32]
@@ -86,10 +89,12 @@ LISTS = {
 }
 GPU = "nvidia.com/gpu"
 CONFIGS = ("default", "mostallocated", "binpack", "fragmentation")
-# Variants, run on request. -hami: in-tree MostAllocated scores the pods the extender
-# does not see (no GPU), and the extender's filter returns only its best node (HAMi
-# style). -all: no managedResources, so the extender also scores pods with no GPU.
-VARIANTS = ("binpack-hami", "fragmentation-hami", "fragmentation-all")
+# Variants, run on request. -hami: in-tree MostAllocated scores the pods asking for no
+# GPU (the extender leaves them neutral), and the extender's filter returns only its
+# best node (HAMi style). -all: the policy also ranks pods with no GPU
+# (score_gpuless_pods). -gpuonly: managedResources, so pods with no GPU never reach the
+# extender (on kube-scheduler 1.35+ they then take the first feasible node: issue 40).
+VARIANTS = ("binpack-hami", "fragmentation-hami", "fragmentation-all", "fragmentation-gpuonly")
 MOST_ALLOCATED = {
     "name": "NodeResourcesFit",
     "args": {
@@ -378,6 +383,8 @@ class Processes:
         ext: dict[str, object] = {"listen": f"127.0.0.1:{port}", "policy": policy}
         if variant == "hami":
             ext["candidates"] = 1  # the pick alone
+        if variant == "all":
+            ext["score_gpuless_pods"] = True
         cfg = {
             "extender": ext,
             "kubernetes": {"kubeconfig": str(self.cp.admin_kubeconfig)},
@@ -421,8 +428,10 @@ class Processes:
                     d for d in score.get("disabled", []) if d["name"] != "NodeResourcesFit"
                 ]
                 profile["pluginConfig"] = [MOST_ALLOCATED]
-            if config.endswith("-all"):
-                conf["extenders"][0].pop("managedResources", None)
+            if config.endswith("-gpuonly"):
+                conf["extenders"][0]["managedResources"] = [
+                    {"name": GPU, "ignoredByScheduler": False}
+                ]
         else:
             name = "default-scheduler"
             profile: dict[str, Any] = {"schedulerName": name}

@@ -9,7 +9,7 @@ import json
 import re
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -28,8 +28,54 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Help that names what a registry holds (policies, profiles), computed only when
+        # help is printed: the registries import what a plain run of the CLI need not.
+        self.lazy_help: dict[argparse.Action, Callable[[], str]] = {}
+
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+    def format_help(self) -> str:
+        for action, text in self.lazy_help.items():
+            action.help = text().replace("%", "%%")
+        return super().format_help()
+
+
+def _lazy(
+    parser: argparse.ArgumentParser, action: argparse.Action, text: Callable[[], str]
+) -> None:
+    assert isinstance(parser, _Parser)
+    action.help = "(computed when help is printed)"
+    parser.lazy_help[action] = text
+
+
+def _profiles_help() -> str:
+    from gpudaemon.backends.simulated.profile import BUILTIN_PROFILES
+
+    return (
+        f"simulated GPUs: a built-in profile ({', '.join(BUILTIN_PROFILES)}) or a profile YAML file"
+    )
+
+
+def _policies_help() -> str:
+    from gpudaemon.cluster.policies import known_policies
+
+    return f"scoring policy: {' | '.join(known_policies())} (docs/reference/policies.md)"
+
+
+def _labels_to_help() -> str:
+    from gpudaemon.config import LABEL_OUTPUTS, LabelsConfig
+
+    nfd = LabelsConfig.model_fields["nfd_path"].default
+    words = {
+        "apiserver": "apiserver (the default; with no Kubernetes credentials it falls back to "
+        "stdout, saying why, unless asked for by name: then exit 2)",
+        "nfd": f"nfd (GFD's key=value lines in labels.nfd_path, default {nfd}: a file "
+        "in NFD's features directory, the one place NFD reads)",
+    }
+    return " | ".join([*(words.get(w, w) for w in LABEL_OUTPUTS), "a file path (JSON)"])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,17 +87,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the agent (labels, metrics, history)")
     run.add_argument("--config", metavar="FILE", help="YAML configuration file")
-    run.add_argument(
-        "--simulate",
-        metavar="PROFILE|FILE",
-        help="simulated GPUs: dgx-h100, a100-mig, mixed, or a profile YAML file",
-    )
+    _lazy(run, run.add_argument("--simulate", metavar="PROFILE|FILE"), _profiles_help)
     run.add_argument("--seed", type=int, help="seed for simulated readings (reproducible runs)")
     run.add_argument(
         "--node-name", metavar="NAME", help="this Node's name (default $NODE_NAME, hostname)"
     )
+    _lazy(run, run.add_argument("--labels-to", metavar="DEST"), _labels_to_help)
     run.add_argument(
-        "--labels-to", metavar="DEST", help="apiserver | stdout | nfd | none | a file path"
+        "--kubeconfig",
+        metavar="FILE",
+        help="for labels.to apiserver (default: in-cluster, $KUBECONFIG, ~/.kube/config); "
+        "a file that does not exist is an error",
     )
     run.add_argument("--listen", metavar="HOST:PORT", help="metrics address (default 0.0.0.0:9445)")
     run.add_argument(
@@ -67,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument(
         "--config", metavar="FILE", help="YAML configuration file (simulate, labels.prefix)"
     )
-    probe.add_argument("--simulate", metavar="PROFILE|FILE", help="simulated GPUs instead of NVML")
+    _lazy(probe, probe.add_argument("--simulate", metavar="PROFILE|FILE"), _profiles_help)
     probe.add_argument("--seed", type=int, help="seed for simulated readings")
     probe.add_argument("--format", choices=["table", "json"], default="table")
     probe.add_argument("--prefix", help="label prefix (default gpudaemon.io/)")
@@ -75,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     ext = sub.add_parser("extender", help="run the kube-scheduler extender (scoring plugin)")
     ext.add_argument("--config", metavar="FILE", help="YAML configuration file")
     ext.add_argument("--listen", metavar="HOST:PORT", help="address (default 0.0.0.0:9446)")
-    ext.add_argument("--policy", metavar="NAME", help="binpack | spread | fragmentation")
+    _lazy(ext, ext.add_argument("--policy", metavar="NAME"), _policies_help)
     ext.add_argument("--log-json", action="store_true", help="log one JSON object per line")
     ext.add_argument("--log-level", metavar="LEVEL", help="TRACE, DEBUG, INFO, WARNING, ERROR")
 
@@ -190,6 +236,7 @@ _RUN_FLAGS: Flags = {
     "seed": ("simulate_seed",),
     "node_name": ("node_name",),
     "labels_to": ("labels", "to"),
+    "kubeconfig": ("kubernetes", "kubeconfig"),
     "listen": ("metrics", "listen"),
     **_LOG_FLAGS,
 }
@@ -239,6 +286,22 @@ def _load(model: type[M], args: argparse.Namespace, overrides: dict[str, Any]) -
     return cfg
 
 
+def _warn_environment() -> None:
+    """One WARNING per GPUDAEMON_* variable that nothing reads but a near name would:
+    it is ignored (it may be another tool's), so a typo of `__` would pass unseen."""
+    from loguru import logger
+
+    from gpudaemon.config.environment import near_misses, process_environ
+
+    for name, likely in near_misses(process_environ()):
+        logger.warning(
+            "environment {} is not a gpudaemon setting and is ignored: did you mean {}? "
+            "(nested keys are joined by '__')",
+            name,
+            likely,
+        )
+
+
 def _run(args: argparse.Namespace) -> int:
     from gpudaemon.agent.app import Agent
     from gpudaemon.config import AgentSettings
@@ -247,6 +310,7 @@ def _run(args: argparse.Namespace) -> int:
 
     cfg = _load(AgentSettings, args, _overrides(args))
     setup_logging(cfg.logging.level, cfg.logging.json_)
+    _warn_environment()
     cap_malloc_arenas()  # before the agent's threads: its memory budget (bench/memory)
     agent = Agent(cfg)
     if not args.once:
@@ -262,6 +326,7 @@ def _extender(args: argparse.Namespace) -> int:
 
     cfg = _load(ExtenderSettings, args, _overrides(args, _EXTENDER_FLAGS))
     setup_logging(cfg.logging.level, cfg.logging.json_)
+    _warn_environment()
     ext = Extender(cfg)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: ext.stop_event.set())
@@ -278,6 +343,7 @@ def _rebalance(args: argparse.Namespace) -> int:
         overrides.setdefault("rebalance", {})["dry_run"] = bool(args.dry_run)
     cfg = _load(RebalancerSettings, args, overrides)
     setup_logging(cfg.logging.level, cfg.logging.json_)
+    _warn_environment()
     rb = Rebalancer(cfg, cfg.kubernetes.leader_identity)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: rb.stop_event.set())
@@ -294,6 +360,7 @@ def _probe(args: argparse.Namespace) -> int:
     from gpudaemon.logsetup import setup_logging
 
     setup_logging("WARNING")
+    _warn_environment()
     if args.prefix is not None:
         try:
             validate_prefix(args.prefix)
@@ -382,6 +449,7 @@ def _status(args: argparse.Namespace) -> int:
     from gpudaemon.status import as_json, as_table, collect
 
     setup_logging("WARNING")
+    _warn_environment()
     if args.prefix is not None:
         try:
             validate_prefix(args.prefix)
@@ -400,7 +468,11 @@ def _status(args: argparse.Namespace) -> int:
     k = cfg.kubernetes
     creds = find_credentials(k.kubeconfig, bool(k.in_cluster))
     if creds is None:
-        raise UsageError("no kubeconfig ($KUBECONFIG, ~/.kube/config or --kubeconfig)")
+        from gpudaemon.config.environment import where_credentials_were_sought
+
+        raise UsageError(
+            f"no Kubernetes credentials ({where_credentials_were_sought()}): give --kubeconfig"
+        )
     # -n, else a lease_namespace set in the config or environment, else found by label.
     namespace = args.namespace or (
         k.lease_namespace if "lease_namespace" in k.model_fields_set else None
@@ -430,7 +502,10 @@ def _check_config(args: argparse.Namespace) -> int:
     from gpudaemon.config import PROGRAMS as MODELS
     from gpudaemon.config import check_files, load_settings
     from gpudaemon.errors import ConfigError
+    from gpudaemon.logsetup import setup_logging
 
+    setup_logging("WARNING")
+    _warn_environment()
     names = list(PROGRAMS) if args.program == "all" else [args.program]
     for name in names:
         try:

@@ -1,8 +1,9 @@
 """Generate docs/reference/*.md (and the chart's values.schema.json) from the code, so
 neither can drift.
 
-  scripts/gen-docs           write docs/reference/{configuration,metrics,labels}.md and
-                             deploy/helm/gpudaemon/values.schema.json
+  scripts/gen-docs           write docs/reference/{configuration,metrics,labels}.md,
+                             deploy/helm/gpudaemon/values.schema.json and
+                             deploy/helm/gpudaemon/files/value-checks.json
   scripts/gen-docs --check   write nothing; exit 1 naming the files that differ
 
 - configuration.md: every key of the config model (gpudaemon/config/), its type,
@@ -13,7 +14,9 @@ neither can drift.
 - labels.md: every label each labeler sets on the built-in simulated profiles, with the
   values seen, and the fields of the per-GPU annotation.
 - values.schema.json: the chart's values, with `agent.config` and `extender.config`
-  checked against the config model's own JSON schema.
+  checked against the config model's own JSON schema; its string patterns go to
+  files/value-checks.json, which the chart's templates check, so a refusal names the
+  key and shows a good value instead of Helm printing the regular expression.
 """
 
 from __future__ import annotations
@@ -369,9 +372,130 @@ def _strip_titles(node: Any) -> Any:
 
 
 def values_schema() -> str:
-    """deploy/helm/gpudaemon/values.schema.json. `agent.config` and `extender.config`
-    are checked against the config model itself, so a typo there fails `helm install`
-    instead of every pod at start-up."""
+    """deploy/helm/gpudaemon/values.schema.json: structure, types, bounds and enums.
+    Its string patterns are the template's checks (value_checks), which name the key
+    and show a good value, rather than Helm's message that prints the pattern."""
+    return json.dumps(_schema_and_checks()[0], indent=2) + "\n"
+
+
+def value_checks() -> str:
+    """deploy/helm/gpudaemon/files/value-checks.json: every string pattern the values
+    must match, where, and in words with a good value; templates/validate.yaml checks
+    them with the same regular expressions (Go's, as Helm's schema validator uses)."""
+    return json.dumps(_schema_and_checks()[1], indent=2) + "\n"
+
+
+def _check_words() -> dict[str, tuple[str, str, str]]:
+    """Every pattern of the values, named, in words, with an example of a good value
+    (tests/unit/test_reference_docs.py checks each example against its pattern). A new
+    pattern without words here stops the generator."""
+    from gpudaemon.config import DNS1123_LABEL_PATTERN, DNS1123_SUBDOMAIN_PATTERN
+    from gpudaemon.config.values import NFD_FEATURES_DIR, NFD_PATH_PATTERN
+    from gpudaemon.schedule import CRON_PATTERN
+    from gpudaemon.selector import SELECTOR_PATTERN
+
+    return {
+        "cron": (
+            CRON_PATTERN,
+            "a cron expression of five fields (minute first) or six (seconds first)",
+            "*/5 * * * * *",
+        ),
+        "cron_or_none": (
+            "^(?:none|" + CRON_PATTERN[1:-1] + ")$",
+            "a cron expression of five fields (minute first) or six (seconds first), or none",
+            "*/30 * * * * *",
+        ),
+        "selector": (
+            SELECTOR_PATTERN,
+            "a label selector (key, !key, key=value, key!=value, comma-separated)",
+            "gpudaemon.io/gpu.present=true",
+        ),
+        "dns_subdomain": (
+            DNS1123_SUBDOMAIN_PATTERN,
+            "a DNS-1123 subdomain (a-z, 0-9, '-', '.')",
+            "gpudaemon-scheduler",
+        ),
+        "dns_label": (
+            DNS1123_LABEL_PATTERN,
+            "a DNS-1123 label (a-z, 0-9, '-', at most 63)",
+            "gpu-jobs",
+        ),
+        "nfd_path": (
+            NFD_PATH_PATTERN,
+            f"a file in NFD's features directory {NFD_FEATURES_DIR}",
+            NFD_FEATURES_DIR + "gpudaemon",
+        ),
+        "label_prefix": (
+            "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/$",
+            "a DNS subdomain followed by '/'",
+            "gpudaemon.io/",
+        ),
+        "digest": (
+            "^(|sha256:[a-f0-9]{64})$",
+            "a digest, sha256: and 64 hex digits (empty: the tag)",
+            "sha256:" + "0" * 64,
+        ),
+        "absolute_path": ("^/", "an absolute path", "/var/lib/kubelet/pod-resources"),
+        "absolute_path_or_empty": (
+            "^(/.*)?$",
+            "an absolute path (empty: an emptyDir)",
+            "/var/lib/gpudaemon/spool",
+        ),
+        "http_url_or_empty": ("^(|https?://.+)$", "an http(s) URL", "http://influxdb:8086"),
+        "duration": ("^([0-9]+(\\.[0-9]+)?(ms|s|m|h))+$", "a duration", "30s"),
+        "feature_gate": (
+            "^[A-Za-z0-9]+=(true|false)$",
+            "a feature gate (Name=true or Name=false)",
+            "GenericWorkload=true",
+        ),
+    }
+
+
+def _pattern_checks(schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """Take every `pattern` out of `schema` (and its $defs), as checks by values path:
+    `*` stands for every item of a list or map. A pattern beside an `enum` goes without
+    a check: the enum refuses first and lists the good values itself."""
+    defs = schema.get("$defs", {})
+    kinds = {pattern: name for name, (pattern, _, _) in _check_words().items()}
+    checks: list[dict[str, Any]] = []
+
+    def walk(node: Any, path: list[str], depth: int = 0) -> None:
+        if not isinstance(node, dict) or depth > 40:
+            return
+        if "$ref" in node:
+            walk(defs[node["$ref"].rsplit("/", 1)[1]], path, depth + 1)
+        if "pattern" in node and "enum" not in node:
+            if node["pattern"] not in kinds:
+                where = ".".join(path)
+                sys.exit(f"gen-docs: no words for the pattern of {where}: add them to _check_words")
+            checks.append({"path": path, "kind": kinds[node["pattern"]]})
+        for key, sub in (node.get("properties") or {}).items():
+            walk(sub, [*path, key], depth + 1)
+        for key in ("items", "additionalProperties"):
+            walk(node.get(key), [*path, "*"], depth + 1)
+        for key in ("anyOf", "oneOf", "allOf"):
+            for sub in node.get(key) or []:
+                walk(sub, path, depth + 1)
+
+    walk(schema, [])
+
+    def strip(node: Any) -> None:
+        if isinstance(node, dict):
+            node.pop("pattern", None)
+            for v in node.values():
+                strip(v)
+        elif isinstance(node, list):
+            for v in node:
+                strip(v)
+
+    strip(schema)
+    return checks
+
+
+def _schema_and_checks() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The values schema and the pattern checks taken out of it. `agent.config`,
+    `extender.config` and `rebalancer.config` are checked against the config model
+    itself, so a typo there fails `helm install` instead of every pod at start-up."""
     from gpudaemon.cluster.policies import known_policies
     from gpudaemon.config import DNS1123_LABEL_PATTERN, Config
 
@@ -417,7 +541,9 @@ def values_schema() -> str:
 
     image = obj(
         {
-            "repository": {"type": "string", "minLength": 1},
+            # Empty by default: no image is published yet, and templates refuse to
+            # render without one, in one line saying how to build it (_helpers.tpl).
+            "repository": S,
             "tag": S,
             "digest": {"type": "string", "pattern": "^(|sha256:[a-f0-9]{64})$"},
             "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
@@ -562,6 +688,7 @@ def values_schema() -> str:
                 "extenderWeight": INT1,
                 "extenderHttpTimeout": DURATION,
                 "extenderIgnorable": B,
+                "extenderPods": {"enum": ["all", "managed"]},
                 "plugins": MAP,
                 "gang": obj(
                     {
@@ -662,7 +789,17 @@ def values_schema() -> str:
         },
     }
     schema["$defs"] = {**defs, "GpudaemonConfig": model}
-    return json.dumps(schema, indent=2) + "\n"
+    checks = _pattern_checks(schema)
+    used = sorted({c["kind"] for c in checks})
+    words = _check_words()
+    return schema, {
+        "_comment": "GENERATED by scripts/gen-docs from gpudaemon/config/ and scripts/gendocs.py; "
+        "templates/validate.yaml reads it. Do not edit.",
+        "kinds": {
+            k: dict(zip(("pattern", "what", "example"), words[k], strict=True)) for k in used
+        },
+        "checks": checks,
+    }
 
 
 # -- main ----------------------------------------------------------------------------------
@@ -732,12 +869,14 @@ GENERATORS = {
     "plugins.md": plugins,
 }
 SCHEMA = ROOT / "deploy" / "helm" / "gpudaemon" / "values.schema.json"
+CHECKS = ROOT / "deploy" / "helm" / "gpudaemon" / "files" / "value-checks.json"
 
 
 def render() -> dict[Path, str]:
     logger.remove()  # the agent's start-up lines are not documentation
     out = {OUT / name: gen() for name, gen in GENERATORS.items()}
     out[SCHEMA] = values_schema()
+    out[CHECKS] = value_checks()
     return out
 
 

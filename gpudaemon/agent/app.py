@@ -29,7 +29,7 @@ from gpudaemon.agent.quarantine import Quarantine
 from gpudaemon.agent.resourceslices import SliceIndex
 from gpudaemon.backends import Backend, make_backend
 from gpudaemon.config import AgentSettings
-from gpudaemon.errors import GpudaemonError, NvmlUnavailableError
+from gpudaemon.errors import ConfigError, GpudaemonError, NvmlUnavailableError
 from gpudaemon.labels import LabelSet, NodeLabeler
 from gpudaemon.labels.outputs import FileSink, NfdSink, NullSink, StdoutSink
 from gpudaemon.model import PodMap
@@ -83,9 +83,20 @@ def make_label_sink(cfg: AgentSettings, metrics: AgentMetrics) -> LabelSink:
         k = cfg.kubernetes
         creds = find_credentials(k.kubeconfig, bool(k.in_cluster))
         if creds is None:
+            from gpudaemon.config.environment import where_credentials_were_sought
+
+            why = f"no Kubernetes credentials ({where_credentials_were_sought()})"
+            if "to" in cfg.labels.model_fields_set:
+                # Asked for (file, GPUDAEMON_LABELS__TO, --labels-to): never a fallback.
+                raise ConfigError(
+                    f"labels.to is apiserver, but there are {why}; give --kubeconfig, "
+                    "or choose --labels-to stdout, nfd or a file"
+                )
+            # The default on a laptop: show the labels, and say why they go here.
             logger.warning(
-                "no Kubernetes credentials (not in a cluster, no kubeconfig): "
-                "writing labels to stdout instead of the API server"
+                "labels.to is not set and there are {}: writing labels to stdout, not to "
+                "the API server (set labels.to, --labels-to, to choose)",
+                why,
             )
             return StdoutSink()
         return NodeLabelSink(
@@ -181,7 +192,11 @@ class Agent:
         self.metrics.set_build(self.backend.name)
         self.cache = Cache(clock)
         self.labeler = NodeLabeler(cfg.labels.prefix, mig_strategy=cfg.labels.mig_strategy)
-        self.label_sink = label_sink or make_label_sink(cfg, self.metrics)
+        try:
+            self.label_sink = label_sink or make_label_sink(cfg, self.metrics)
+        except BaseException:  # a destination that cannot be had (exit 2): NVML let go
+            self.backend.close()
+            raise
         self.label_sink.set_freshness(lambda: self.readiness()[0])
         self.health_memory, self.faults_store = make_health_memory(
             cfg, self.backend, self.label_sink

@@ -44,6 +44,7 @@ from gpudaemon.config.values import (
     DNS1123_SUBDOMAIN,
     DNS1123_SUBDOMAIN_PATTERN,
     LABEL_OUTPUTS,
+    NFD_FEATURES_DIR,
     redact_url,
 )
 
@@ -54,6 +55,7 @@ __all__ = [
     "DNS1123_SUBDOMAIN_PATTERN",
     "ENV_PREFIX",
     "LABEL_OUTPUTS",
+    "NFD_FEATURES_DIR",
     "PROCESS_UUID",
     "PROGRAMS",
     "AgentSettings",

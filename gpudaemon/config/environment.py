@@ -13,7 +13,7 @@ import socket
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel
 from pydantic_settings import EnvSettingsSource, SettingsError
@@ -105,3 +105,72 @@ def from_environment(
         k["leader_identity"] = explicit or f"{k['holder_identity']}_{PROCESS_UUID}"
     out["kubernetes"] = k
     return out
+
+
+def where_credentials_were_sought(environ: Mapping[str, str] | None = None) -> str:
+    """Why no Kubernetes credentials were found, naming every place that was looked at,
+    for the one line that says so (the agent's label sink, `status`)."""
+    env = process_environ() if environ is None else environ
+    if not env.get("KUBERNETES_SERVICE_HOST"):
+        pod = "not in a pod, $KUBERNETES_SERVICE_HOST unset"
+    elif not SA_TOKEN.is_file():
+        pod = f"in a pod without a service-account token at {SA_TOKEN}"
+    else:
+        pod = "kubernetes.in_cluster false"
+    files = [c for c in env.get("KUBECONFIG", "").split(os.pathsep) if c]
+    home = env.get("HOME")
+    if home:
+        files.append(f"{home}/.kube/config")
+    where = f"at {' or '.join(files)}" if files else "($KUBECONFIG and $HOME unset)"
+    return f"{pod}; no kubeconfig {where}"
+
+
+def near_misses(
+    environ: Mapping[str, str], model: type[BaseModel] | None = None
+) -> list[tuple[str, str]]:
+    """GPUDAEMON_* variables that no key reads but one would with `__` where a single
+    `_` is (GPUDAEMON_INFLUXDB_URL -> GPUDAEMON_INFLUXDB__URL): (variable, likely name).
+    Such a variable is ignored, as is any whose first part is not a key (it may be
+    another tool's, GPUDAEMON_TOOLS_BIN); these are worth one warning each."""
+    if model is None:
+        from gpudaemon.config.programs import Config
+
+        model = Config
+    out = []
+    for name in sorted(environ):
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        rest = name[len(ENV_PREFIX) :].lower()
+        if rest.split("__")[0] in _keys(model):
+            continue  # read (or refused as a typo inside a known section)
+        key = _nested_key(rest, model)
+        if key is not None:
+            out.append((name, ENV_PREFIX + key.upper()))
+    return out
+
+
+def _keys(model: type[BaseModel]) -> dict[str, type[BaseModel] | None]:
+    """A model's keys as the file spells them -> the section's model, None for a value."""
+    out: dict[str, type[BaseModel] | None] = {}
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        sub = next(
+            (t for t in (ann, *get_args(ann)) if isinstance(t, type) and issubclass(t, BaseModel)),
+            None,
+        )
+        out[field.alias or name] = sub
+    return out
+
+
+def _nested_key(rest: str, model: type[BaseModel]) -> str | None:
+    """`influxdb_url` -> `influxdb__url` when that names a key of `model`."""
+    keys = _keys(model)
+    if rest in keys:
+        return rest
+    for key, sub in keys.items():
+        if sub is None or not rest.startswith(key + "_"):
+            continue
+        tail = _nested_key(rest[len(key) + 1 :].removeprefix("_"), sub)
+        if tail is not None:
+            return f"{key}__{tail}"
+    return None

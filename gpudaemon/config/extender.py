@@ -122,6 +122,12 @@ class ExtenderConfig(_Section):
     # verdict: clock slowdowns, growing remaps, NVLink errors) ranks above one that
     # would have to use a degraded GPU, before any policy or plug-in order (issue 30).
     prefer_healthy_gpus: Switch = True
+    # A pod asking for no GPU, which reaches the extender because the chart's profile
+    # sends it every pod (issue 40). false: every node scores 0 for it, and
+    # kube-scheduler places it at random among the nodes that fit. true: a policy that
+    # judges such pods (fragmentation: where their CPU and memory strand fewest GPUs)
+    # ranks them; compared on the openb trace in docs/benchmarks.md.
+    score_gpuless_pods: Switch = False
     # How long a pod ranked best for a node is counted there before its binding shows
     # up in the watch. Longer than any bind; short enough that a pod that went elsewhere
     # unseen does not hide capacity for long.

@@ -9,10 +9,13 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from gpudaemon.config.values import (
+    NFD_FEATURES_DIR,
+    NFD_PATH_PATTERN,
     Number,
     Switch,
     WholeNumber,
     _check_labels_to,
+    _check_nfd_path,
     _Section,
     _View,
 )
@@ -21,11 +24,18 @@ from gpudaemon.labels.sanitize import DEFAULT_PREFIX, validate_prefix
 
 class LabelsConfig(_Section):
     prefix: str = DEFAULT_PREFIX
-    # apiserver | stdout | nfd | none | a file path. With no Kubernetes credentials,
-    # "apiserver" falls back to stdout so a laptop run still shows the labels.
+    # apiserver | stdout | nfd | none | a file path. With no Kubernetes credentials, the
+    # default falls back to stdout, saying why, so a laptop run still shows the labels;
+    # "apiserver" set explicitly is an error instead (docs/configuration.md).
     to: Annotated[str, Field(min_length=1), AfterValidator(_check_labels_to)] = "apiserver"
-    # NFD's local source reads feature files from here (mounted from the host).
-    nfd_path: str = "/etc/kubernetes/node-feature-discovery/features.d/gpudaemon"
+    # `labels.to: nfd` writes GFD's `key=value` lines here, for NFD's local source. It
+    # reads only its features directory (mounted from the host at the same path), so a
+    # path anywhere else is refused.
+    nfd_path: Annotated[
+        str,
+        AfterValidator(_check_nfd_path),
+        Field(json_schema_extra={"pattern": NFD_PATH_PATTERN}),
+    ] = NFD_FEATURES_DIR + "gpudaemon"
     # Taint the Node `<prefix>gpu-unhealthy:NoSchedule` while any GPU is unhealthy. Off:
     # a taint also keeps CPU-only pods off a node with seven good GPUs, which is the
     # operator's call; the `gpu.unhealthy` label and `GPUHealthy` condition are always on.

@@ -22,6 +22,11 @@ DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0
 DNS1123_SUBDOMAIN_PATTERN = f"^{DNS1123_SUBDOMAIN.pattern}$"
 DNS1123_LABEL_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 LABEL_OUTPUTS = ("apiserver", "stdout", "nfd", "none")
+# Where Node Feature Discovery's local source reads feature files: this directory only
+# (its featureFilesDir), top-level regular files whose names do not start with "."
+# (source/local/local.go). The agent's pod mounts the host's directory at the same path.
+NFD_FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d/"
+NFD_PATH_PATTERN = "^" + re.escape(NFD_FEATURES_DIR) + "[^/.][^/]*$"
 
 
 def _check_dns_subdomain(v: str) -> str:
@@ -78,6 +83,17 @@ def _check_labels_to(v: str) -> str:
         f"{v!r} is not one of {', '.join(LABEL_OUTPUTS)}, nor a file path "
         "(a path contains '/': ./labels.json, /var/run/labels.json)"
     )
+
+
+def _check_nfd_path(v: str) -> str:
+    """A file NFD reads: anywhere else, `labels.to: nfd` would write labels nobody reads."""
+    if not re.fullmatch(NFD_PATH_PATTERN[1:-1], v) or len(v) > 255:
+        raise ValueError(
+            f"{v!r} is not a file in NFD's features directory {NFD_FEATURES_DIR}, the one "
+            "place NFD reads feature files (a file directly in it, its name not starting "
+            f"with '.'), e.g. {NFD_FEATURES_DIR}gpudaemon"
+        )
+    return v
 
 
 _HOST = re.compile(

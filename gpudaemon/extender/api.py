@@ -98,6 +98,7 @@ class ExtenderApi:
         *,
         avoid_unhealthy: bool = True,
         prefer_healthy_gpus: bool = True,
+        score_gpuless_pods: bool = False,
         candidates: int = 0,
         observe: Callable[[str, PodShape], None] | None = None,
         verifier: PodVerifier | None = None,
@@ -114,6 +115,7 @@ class ExtenderApi:
             lambda: self.ready(),  # read at each request: the wiring may swap it
             avoid_unhealthy=avoid_unhealthy,
             prefer_healthy_gpus=prefer_healthy_gpus,
+            score_gpuless_pods=score_gpuless_pods,
             candidates=candidates,
             observe=observe,
             verifier=verifier,

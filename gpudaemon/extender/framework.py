@@ -77,6 +77,7 @@ class Framework:
         *,
         avoid_unhealthy: bool = True,
         prefer_healthy_gpus: bool = True,
+        score_gpuless_pods: bool = False,
         candidates: int = 0,
         observe: Callable[[str, PodShape], None] | None = None,
         verifier: PodVerifier | None = None,
@@ -92,6 +93,7 @@ class Framework:
         self.ready = ready
         self.avoid_unhealthy = avoid_unhealthy
         self.prefer_healthy_gpus = prefer_healthy_gpus
+        self.score_gpuless_pods = score_gpuless_pods
         self.candidates = candidates
         self.observe = observe
         # None trusts the body's pod (in-process tests and benchmarks only): the
@@ -182,7 +184,11 @@ class Framework:
         return total
 
     def _scorers(self, cycle: Cycle) -> list[tuple[Scorer, int]]:
-        """The score plug-ins with a say on this pod, and their weights."""
+        """The score plug-ins with a say on this pod, and their weights. None for a pod
+        asking for no GPU unless `score_gpuless_pods`: it is then neutral everywhere and
+        kube-scheduler picks among the nodes at random (issue 40)."""
+        if not (cycle.shape.wants_gpus or self.score_gpuless_pods):
+            return []
         return [(s, w) for p, w in self.profile.scores if (s := p.scorer(cycle)) is not None]
 
     def _with_gang(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -64,8 +65,15 @@ class Credentials:
 def find_credentials(kubeconfig: str = "", in_cluster: bool = False) -> Credentials | None:
     """A kubeconfig file when one is named, else the in-cluster service account when
     running in a cluster, else None. config.py resolves both from the environment
-    (`kubernetes.kubeconfig`, `kubernetes.in_cluster`)."""
+    (`kubernetes.kubeconfig`, `kubernetes.in_cluster`): a kubeconfig found there
+    exists, so one that does not was named by the user (the file, GPUDAEMON_*, a
+    `--kubeconfig` flag), who asked for it: a ConfigError (exit 2), never a fallback."""
     if kubeconfig:
+        if not os.path.exists(kubeconfig):
+            raise ConfigError(
+                f"kubernetes.kubeconfig {kubeconfig}: no such file (named by --kubeconfig, "
+                "the config file or GPUDAEMON_KUBERNETES__KUBECONFIG)"
+            )
         return Credentials(in_cluster=False, kubeconfig=kubeconfig)
     if in_cluster:
         return Credentials(in_cluster=True)

@@ -70,14 +70,19 @@ def describe_failure(e: BaseException, ca_source: str = "the kubeconfig's CA") -
     for x in chain:
         if isinstance(x, ssl.SSLError | urllib3.exceptions.SSLError):
             return f"TLS: {_one_line(x)}"
+    # Refused before timed out: urllib3 2.x's NewConnectionError (what a refused or
+    # unreachable connect raises) subclasses ConnectTimeoutError, for history's sake.
     for x in chain:
+        if isinstance(x, ConnectionRefusedError):
+            return "connection refused"
+    for x in chain:
+        if isinstance(x, urllib3.exceptions.NewConnectionError):
+            continue
         if isinstance(x, urllib3.exceptions.ConnectTimeoutError):
             return "timed out connecting"
         if isinstance(x, urllib3.exceptions.ReadTimeoutError | TimeoutError):
             return "timed out waiting for the answer"
     for x in chain:
-        if isinstance(x, ConnectionRefusedError):
-            return "connection refused"
         if isinstance(x, urllib3.exceptions.NameResolutionError):
             return "cannot resolve the server's name"
         if isinstance(x, urllib3.exceptions.NewConnectionError):

@@ -7,7 +7,9 @@ real kube-apiserver with another CA: tests/integration/kube/test_client_errors.p
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import socket
 import ssl
 import warnings
 from pathlib import Path
@@ -45,6 +47,31 @@ def tls_verify(detail: str = "") -> BaseException:
     return urllib3.exceptions.SSLError(e)
 
 
+def refused() -> BaseException:
+    """What urllib3 2.x raises for a closed port: NewConnectionError from the OSError."""
+    try:
+        try:
+            raise ConnectionRefusedError(111, "Connection refused")
+        except OSError as e:
+            raise urllib3.exceptions.NewConnectionError(
+                None,  # type: ignore[arg-type]
+                f"Failed to establish a new connection: {e}",
+            ) from e
+    except urllib3.exceptions.NewConnectionError as outer:
+        return outer
+
+
+def connect_timed_out() -> BaseException:
+    """... and for a connect that times out: ConnectTimeoutError from the socket's."""
+    try:
+        try:
+            raise TimeoutError("timed out")
+        except TimeoutError as e:
+            raise urllib3.exceptions.ConnectTimeoutError(None, "Connection timed out") from e
+    except urllib3.exceptions.ConnectTimeoutError as outer:
+        return outer
+
+
 CASES: list[tuple[str, BaseException, str]] = [
     ("tls, as the official client raises it", as_the_official_client_raises_it(tls_verify()),
      "TLS: certificate verify failed (the kubeconfig's CA does not match the server)"),
@@ -63,6 +90,12 @@ CASES: list[tuple[str, BaseException, str]] = [
     ("read timeout", urllib3.exceptions.ReadTimeoutError(None, "/", "read timed out"),  # type: ignore[arg-type]
      "timed out waiting for the answer"),
     ("refused", ConnectionRefusedError(111, "Connection refused"), "connection refused"),
+    # urllib3 2.x: NewConnectionError subclasses ConnectTimeoutError, yet it is no timeout
+    ("refused, as urllib3 2 raises it", urllib3.exceptions.MaxRetryError(None, "/", refused()),  # type: ignore[arg-type]
+     "connection refused"),
+    ("connect timeout, as urllib3 2 raises it",
+     urllib3.exceptions.MaxRetryError(None, "/", connect_timed_out()),  # type: ignore[arg-type]
+     "timed out connecting"),
     ("protocol", urllib3.exceptions.ProtocolError("Connection aborted.", BrokenPipeError(32, "x")),
      "connection lost: BrokenPipeError"),
     ("http.client", http.client.RemoteDisconnected("Remote end closed connection"),
@@ -159,3 +192,79 @@ def test_an_insecure_kubeconfig_is_one_warning_and_no_per_request_warning(
     with warnings.catch_warnings(record=True) as seen:
         warnings.warn("per request", urllib3.exceptions.InsecureRequestWarning, stacklevel=1)
     assert seen == []
+
+
+# -- against real sockets: what urllib3 raises, as it raises it ----------------------
+
+
+def plain_kubeconfig(tmp_path: Path, port: int) -> Path:
+    kc = tmp_path / "kc"
+    kc.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    return kc
+
+
+def real_client(tmp_path: Path, port: int) -> KubeClient:
+    creds = kube.Credentials(False, str(plain_kubeconfig(tmp_path, port)))
+    return KubeClient.from_credentials(creds, timeout_s=0.5, connect_timeout_s=0.5)
+
+
+def test_a_closed_port_is_reported_as_refused_not_timed_out(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: the kernel refuses at once
+        client = real_client(tmp_path, port)
+        try:
+            with pytest.raises(KubeUnavailableError) as e:
+                client.request("GET", "/api/v1/nodes")
+        finally:
+            client.close()
+    assert str(e.value) == f"GET http://127.0.0.1:{port}/api/v1/nodes: connection refused"
+
+
+def test_a_server_that_never_accepts_is_reported_as_timed_out_connecting(
+    tmp_path: Path,
+) -> None:
+    """A black hole, made here: a listener whose accept queue is full drops every new
+    SYN, so the connect times out as it would to an address nothing answers."""
+    with contextlib.ExitStack() as stack:
+        srv = stack.enter_context(socket.socket())
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(0)
+        port = srv.getsockname()[1]
+        for _ in range(8):  # fill the queue until a connect hangs
+            c = stack.enter_context(socket.socket())
+            c.settimeout(0.2)
+            try:
+                c.connect(("127.0.0.1", port))
+            except TimeoutError:
+                break
+        else:
+            pytest.skip("this kernel never dropped a SYN to a full accept queue")
+        client = real_client(tmp_path, port)
+        stack.callback(client.close)
+        with pytest.raises(KubeUnavailableError) as e:
+            client.request("GET", "/api/v1/nodes")
+    assert str(e.value) == f"GET http://127.0.0.1:{port}/api/v1/nodes: timed out connecting"
+
+
+def test_a_server_that_accepts_and_never_answers_is_reported_as_timed_out_waiting(
+    tmp_path: Path,
+) -> None:
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)  # the kernel completes the handshake; nobody reads or answers
+        port = srv.getsockname()[1]
+        client = real_client(tmp_path, port)
+        try:
+            with pytest.raises(KubeUnavailableError) as e:
+                client.request("GET", "/api/v1/nodes")
+        finally:
+            client.close()
+    assert str(e.value) == (
+        f"GET http://127.0.0.1:{port}/api/v1/nodes: timed out waiting for the answer"
+    )

@@ -95,6 +95,7 @@ ROOT = {
 # Each layer (a sub-package, or a module named here) and the layers it may import; a
 # layer may always import itself. Programs: agent, extender, rebalancer, status (cli is
 # the dispatcher that starts them). Shared layers never import a program.
+PROGRAM_LAYERS = {"agent", "extender", "rebalancer", "status"}
 ALLOWED: dict[str, set[str]] = {
     # config checks the label prefix (labels/sanitize.py); the metric catalogue names the
     # health signals' values (health/signals.py, health/verdict.py)
@@ -110,7 +111,8 @@ ALLOWED: dict[str, set[str]] = {
     "extender": {"root", "labels", "kube", "cluster"},
     "rebalancer": {"root", "labels", "kube", "cluster"},
     "status": {"root", "labels", "kube", "cluster"},
-    "cli": {"root", "backends", "labels", "kube", "agent", "extender", "rebalancer", "status"},
+    # cli's --help names what the registries hold: profiles (backends), policies (cluster)
+    "cli": {"root", "backends", "labels", "kube", "cluster", *PROGRAM_LAYERS},
 }
 PROGRAMS = ("agent", "extender", "rebalancer", "status")
 

@@ -103,3 +103,21 @@ def test_generator_check_mode_reports_a_stale_file(tmp_path: Path) -> None:
     mod = _gendocs()
     mod.OUT = tmp_path  # type: ignore[attr-defined]  # empty: every file is missing
     assert mod.main(["--check"]) == 1
+
+
+def test_the_values_schema_leaves_patterns_to_the_chart_s_checks() -> None:
+    """Helm prints a failed `pattern` whole (a cron's is ~1,800 characters): the schema
+    has none; files/value-checks.json holds each, with words and a good value that the
+    pattern accepts (the chart's test feeds both to Helm: test_image_required.py)."""
+    import re
+
+    schema = (REPO / "deploy/helm/gpudaemon/values.schema.json").read_text()
+    assert '"pattern"' not in schema
+    checks = json.loads((REPO / "deploy/helm/gpudaemon/files/value-checks.json").read_text())
+    assert {c["kind"] for c in checks["checks"]} == set(checks["kinds"])
+    for kind, words in checks["kinds"].items():
+        assert re.search(words["pattern"], words["example"]), kind
+        assert not re.search(words["pattern"], "Not A Good Value!"), kind
+    paths = {".".join(c["path"]) for c in checks["checks"]}
+    assert {"agent.config.schedules.telemetry", "rebalancer.config.rebalance.selector",
+            "labelPrefix", "agent.config.labels.nfd_path"} <= paths  # fmt: skip

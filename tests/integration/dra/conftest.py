@@ -25,9 +25,11 @@ CONTROLLERS = (
 
 def dra_scheduler_config() -> dict[str, object]:
     """The shipped profile as the chart renders it with dra.enabled: no managedResources
-    (kube-scheduler sends an extender only pods whose containers request one of them)."""
+    (kube-scheduler sends an extender only pods whose containers request one of them).
+    The shipped example has none either (issue 40); the DRA rig stays without them
+    should the example list them again."""
     conf = yaml.safe_load(SCHED_CONFIG.read_text())
-    conf["extenders"][0].pop("managedResources")
+    conf["extenders"][0].pop("managedResources", None)
     return conf  # type: ignore[no-any-return]
 
 

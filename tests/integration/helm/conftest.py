@@ -31,6 +31,10 @@ CPU_NODES = [f"cpu-{i}" for i in range(2)]
 PROM_OPERATOR = "github.com/prometheus-operator/prometheus-operator@v0.85.0"
 
 
+# No gpudaemon image is published yet: the chart refuses to render without one
+# (test_image_required.py), so every install and render here names one, as a user must.
+IMAGE = ("--set", "image.repository=registry.example.com/gpudaemon")
+
 # The binaries scripts/test-tools installs, and their Helm major.
 HELMS = {"helm": 4, "helm3": 3}
 
@@ -132,12 +136,13 @@ def agent_pods(cluster: Cluster, namespace: str, instance: str) -> list[dict[str
 
 @pytest.fixture(scope="session")
 def release(helm: str, cluster: Cluster) -> str:
-    """`helm install gpudaemon` with default values into namespace gpudaemon, once its
-    agent pods are bound to the GPU nodes. Returns the namespace."""
+    """`helm install gpudaemon` with default values (and the one value without a
+    default, the image) into namespace gpudaemon, once its agent pods are bound to the
+    GPU nodes. Returns the namespace."""
     ns = "gpudaemon"
     proc = run_helm(
         helm, "install", "gpudaemon", str(CHART), "--namespace", ns, "--create-namespace",
-        kubeconfig=cluster.kubeconfig,
+        *IMAGE, kubeconfig=cluster.kubeconfig,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     cluster.wait(

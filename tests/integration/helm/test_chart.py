@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.integration.helm.cluster import Cluster
-from tests.integration.helm.conftest import CHART, EVERYTHING, run_helm
+from tests.integration.helm.conftest import CHART, EVERYTHING, IMAGE, run_helm
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,9 @@ MONITORING_APIS = [
 
 
 def template(helm: str, *args: str, namespace: str = "gpudaemon") -> list[dict[str, Any]]:
-    proc = run_helm(helm, "template", "gpudaemon", str(CHART), "--namespace", namespace, *args)
+    proc = run_helm(
+        helm, "template", "gpudaemon", str(CHART), "--namespace", namespace, *IMAGE, *args
+    )
     assert proc.returncode == 0, proc.stderr
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
@@ -48,7 +50,7 @@ def one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("values", [[], ["-f", str(EVERYTHING)]], ids=["default", "everything"])
 def test_helm_lint_passes(helm: str, values: list[str]) -> None:
-    proc = run_helm(helm, "lint", "--strict", str(CHART), *values)
+    proc = run_helm(helm, "lint", "--strict", str(CHART), *IMAGE, *values)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
 
@@ -273,7 +275,7 @@ def test_rebalancer_namespaces_reach_its_config_and_bad_ones_are_refused(helm: s
     default = template(helm, "--set", "rebalancer.enabled=true")
     plain = yaml.safe_load(one(default, "ConfigMap", "gpudaemon-rebalancer")["data"]["config.yaml"])
     assert "namespaces" not in plain["rebalance"]  # empty: every namespace
-    proc = run_helm(helm, "template", "x", str(CHART), "--set", "rebalancer.enabled=true",
+    proc = run_helm(helm, "template", "x", str(CHART), *IMAGE, "--set", "rebalancer.enabled=true",
                     "--set", "rebalancer.namespaces={Team_A}")  # fmt: skip
     assert proc.returncode != 0 and "namespaces" in proc.stderr, proc.stderr
 
@@ -299,7 +301,11 @@ def test_one_prefix_for_agent_and_policy(helm: str) -> None:
         ),
         (["--set", "extender.policy=random"], "at '/extender/policy': value must be one of"),
         (["--set", "agent.tolerationz=x"], "additional properties 'tolerationz' not allowed"),
-        (["--set", "labelPrefix=Bad_Prefix"], "at '/labelPrefix': 'Bad_Prefix' does not match"),
+        (
+            ["--set", "labelPrefix=Bad_Prefix"],
+            "labelPrefix: 'Bad_Prefix' is not a DNS subdomain followed by '/', "
+            "e.g. 'gpudaemon.io/'",
+        ),
         (
             ["--set", "agent.config.schedules.telemtry=x"],
             "at '/agent/config/schedules': additional properties 'telemtry' not allowed",
@@ -338,7 +344,7 @@ def test_one_prefix_for_agent_and_policy(helm: str) -> None:
     ],
 )
 def test_bad_values_are_rejected_naming_the_value(helm: str, args: list[str], named: str) -> None:
-    proc = run_helm(helm, "template", "gpudaemon", str(CHART), *args)
+    proc = run_helm(helm, "template", "gpudaemon", str(CHART), *IMAGE, *args)
     assert proc.returncode != 0
     assert named in proc.stderr, proc.stderr
     assert "goroutine" not in proc.stderr

@@ -172,8 +172,8 @@ def dra_release(
 
 
 def settle_scheduler(cluster: Cluster, ns: str) -> None:
-    """dra.enabled changes the scheduler profile (no managedResources), so the scheduler
-    Deployment rolled out and back. With no kubelet no pod gets ready, and a rollout of
+    """dra.enabled changes the extender's config (the scheduler pod's sidecar), so the
+    scheduler Deployment rolled out and back. With no kubelet no pod gets ready, and a rollout of
     one replica never scales the other ReplicaSet down (maxUnavailable 0): remove it, as
     its finished rollout would, and leave the one scheduler pod later tests expect."""
     rs_path = f"/apis/apps/v1/namespaces/{ns}/replicasets"

@@ -84,9 +84,11 @@ def test_dra_gives_the_extender_and_rebalancer_one_switch_and_read_only_rbac(
 ) -> None:
     """Cluster side: with `dra.enabled` both programs' configs carry `dra.enabled` and
     their ClusterRoles read the five DRA kinds, never write them; the gpudaemon-scheduler
-    profile drops managedResources (a DRA pod requests no extended resource, so
-    kube-scheduler would never send it to the extender)."""
+    profile drops managedResources even with `scheduler.extenderPods: managed` (a DRA pod
+    requests no extended resource, so kube-scheduler would never send it to the
+    extender)."""
     docs = template(helm, "--set", f"dra.enabled={str(on).lower()}",
+                    "--set", "scheduler.extenderPods=managed",
                     "--set", "rebalancer.enabled=true", "--set", "extender.mode=service",
                     "--set", "extender.tls.secretName=x", "--set", "scheduler.extenderClientTls.secretName=y")  # fmt: skip
     for name in ("gpudaemon-extender", "gpudaemon-rebalancer"):

@@ -17,6 +17,7 @@ from tests.integration.helm.conftest import (
     CPU_NODES,
     EVERYTHING,
     GPU_NODES,
+    IMAGE,
     agent_pods,
     helm_major,
     run_helm,
@@ -127,7 +128,7 @@ def test_upgrade_rolls_out_a_changed_value_and_uninstall_leaves_nothing(
 ) -> None:
     kc = cluster.kubeconfig
     proc = run_helm(
-        helm, "install", LC, str(CHART), "-n", LC_NS, "--create-namespace", kubeconfig=kc
+        helm, "install", LC, str(CHART), "-n", LC_NS, "--create-namespace", *IMAGE, kubeconfig=kc
     )
     assert proc.returncode == 0, proc.stderr
     before = cluster.wait(
@@ -206,7 +207,7 @@ def test_objects_applied_before_the_chart_are_adopted_as_docs_upgrade_says(
     rel, ns = "adopt", "gpudaemon-adopt"
     cluster.request("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
     proc = run_helm(
-        helm, "template", rel, str(CHART), "-n", ns,
+        helm, "template", rel, str(CHART), "-n", ns, *IMAGE,
         "--show-only", "templates/agent/rbac.yaml",
         "--show-only", "templates/agent/admission-policy.yaml",
         "--show-only", "templates/agent/serviceaccount.yaml",
@@ -226,7 +227,7 @@ def test_objects_applied_before_the_chart_are_adopted_as_docs_upgrade_says(
         doc["metadata"]["labels"] = {}  # as the hand-written files had none
         cluster.request("POST", paths[doc["kind"]], body=doc)
 
-    args = ["install", rel, str(CHART), "-n", ns, "--set", "extender.enabled=false",
+    args = ["install", rel, str(CHART), "-n", ns, *IMAGE, "--set", "extender.enabled=false",
             "--set", "scheduler.enabled=false"]  # fmt: skip
     if helm_major(helm) >= 4:
         # Helm 4 applies server-side: the fields set by hand belong to another field
@@ -276,8 +277,9 @@ def test_without_the_pod_resources_mount_every_pod_meets_the_restricted_standard
             },
         )
         proc = run_helm(
-            helm, "install", rel, str(CHART), "-n", ns, *extra, kubeconfig=cluster.kubeconfig
-        )
+            helm, "install", rel, str(CHART), "-n", ns, *IMAGE, *extra,
+            kubeconfig=cluster.kubeconfig,
+        )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
 
     def components(ns: str) -> set[str]:

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.integration.helm.cluster import Cluster
-from tests.integration.helm.conftest import CHART, run_helm
+from tests.integration.helm.conftest import CHART, IMAGE, run_helm
 from tests.integration.helm.test_chart import _resources
 from tests.support import REPO
 
@@ -74,7 +74,7 @@ def test_tests_apply_the_agent_rbac_and_policy_the_chart_ships() -> None:
 
 def scheduler_config(helm: str, *args: str) -> dict[str, Any]:
     proc = run_helm(
-        helm, "template", "gpudaemon", str(CHART), "-n", "gpudaemon",
+        helm, "template", "gpudaemon", str(CHART), "-n", "gpudaemon", *IMAGE,
         "--show-only", "templates/scheduler/configmap.yaml", *args,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -87,10 +87,11 @@ def test_chart_scheduler_config_is_the_documented_example(helm: str) -> None:
     assert scheduler_config(helm) == yaml.safe_load(EXAMPLE.read_text())
 
 
-def test_real_kube_scheduler_accepts_the_chart_config(
-    helm: str, tools_bin: Path, tmp_path: Path
-) -> None:
-    config = scheduler_config(helm, "--set", "scheduler.extenderWeight=3")
+def written_by_kube_scheduler(
+    tools_bin: Path, tmp_path: Path, config: dict[str, Any]
+) -> dict[str, Any]:
+    """The configuration as the real kube-scheduler loads, defaults and validates it
+    (--write-config-to)."""
     # Outside a pod there is no in-cluster config; a kubeconfig that is never dialled
     # is enough for the scheduler to load, default and validate the file.
     kc = tmp_path / "kubeconfig"
@@ -116,18 +117,34 @@ def test_real_kube_scheduler_accepts_the_chart_config(
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    written = yaml.safe_load(out.read_text())
+    return dict(yaml.safe_load(out.read_text()))
+
+
+def test_real_kube_scheduler_accepts_the_chart_config(
+    helm: str, tools_bin: Path, tmp_path: Path
+) -> None:
+    """The default (every pod reaches the extender: no managedResources, issue 40) and
+    `scheduler.extenderPods: managed` (the GPU and MIG resource list)."""
+    written = written_by_kube_scheduler(
+        tools_bin, tmp_path, scheduler_config(helm, "--set", "scheduler.extenderWeight=3")
+    )
     (profile,) = written["profiles"]
     assert profile["schedulerName"] == "gpudaemon-scheduler"
     (ext,) = written["extenders"]
     assert ext["urlPrefix"] == "http://127.0.0.1:9446"  # the sidecar (issue 17)
     assert ext["weight"] == 3 and ext["nodeCacheCapable"] is True
+    assert not ext.get("managedResources")
+    assert written["leaderElection"]["leaderElect"] is True
+    assert written["leaderElection"]["resourceName"] == "gpudaemon-scheduler"
+
+    written = written_by_kube_scheduler(
+        tools_bin, tmp_path, scheduler_config(helm, "--set", "scheduler.extenderPods=managed")
+    )
+    (ext,) = written["extenders"]
     # ignoredByScheduler: false is the default, which the scheduler writes out as absent.
     names = [r["name"] for r in ext["managedResources"]]
     assert names[0] == "nvidia.com/gpu" and "nvidia.com/mig-1g.10gb" in names
     assert all(r == {"name": r["name"]} for r in ext["managedResources"])  # + and . accepted
-    assert written["leaderElection"]["leaderElect"] is True
-    assert written["leaderElection"]["resourceName"] == "gpudaemon-scheduler"
 
 
 def no_helm_command() -> str:
@@ -140,6 +157,26 @@ def no_helm_command() -> str:
 def containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
     spec = (doc.get("spec") or {}).get("template", {}).get("spec") or {}
     return [*spec.get("initContainers", []), *spec.get("containers", [])]
+
+
+PLACEHOLDER = "registry.invalid/replace-me/gpudaemon"
+
+
+def test_the_manifests_name_a_placeholder_image_that_cannot_be_pulled() -> None:
+    """No gpudaemon image is published yet: the rendered files name one that says it is
+    to be replaced and can never be pulled (`.invalid` never resolves), never an image
+    that looks real (`gpudaemon:0.1.0` did, issue 39); docs/install.md says so."""
+    images: dict[tuple[str, str], str] = {}
+    for f in sorted(MANIFESTS.glob("*.yaml")):
+        for doc in yaml.safe_load_all(f.read_text()):
+            for c in containers(doc or {}):
+                images[(doc["metadata"]["name"], c["name"])] = c["image"]
+    assert images.pop(("gpudaemon-scheduler", "kube-scheduler")).startswith("registry.k8s.io/")
+    assert {("gpudaemon", "agent"), ("gpudaemon-scheduler", "extender")} <= set(images)
+    assert {i.rsplit(":", 1)[0] for i in images.values()} == {PLACEHOLDER}, images
+    assert PLACEHOLDER.split("/")[0].endswith(".invalid")
+    assert PLACEHOLDER in SCRIPT.read_text() and PLACEHOLDER in INSTALL.read_text()
+    assert "placeholder" in (MANIFESTS / "agent.yaml").read_text().split("---")[0]
 
 
 def test_the_documented_no_helm_command_sets_every_gpudaemon_image(

@@ -17,7 +17,7 @@ from gpudaemon.config import load_config
 from gpudaemon.errors import ConfigError
 from gpudaemon.schedule import parse_cron
 from tests.integration.helm.cluster import Cluster
-from tests.integration.helm.conftest import CHART, run_helm
+from tests.integration.helm.conftest import CHART, IMAGE, run_helm
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +75,7 @@ def values_file(tmp_path: Path, values: dict[str, Any]) -> list[str]:
 
 def chart_refuses(helm: str, expr: str, tmp_path: Path) -> tuple[bool, str]:
     values = {"agent": {"config": {"schedules": {"telemetry": expr}}}}
-    proc = run_helm(helm, "template", "t", str(CHART), *values_file(tmp_path, values))
+    proc = run_helm(helm, "template", "t", str(CHART), *IMAGE, *values_file(tmp_path, values))
     return proc.returncode != 0, proc.stderr
 
 
@@ -105,7 +105,7 @@ def test_helm_install_with_a_bad_value_fails_and_creates_nothing(
 ) -> None:
     rel = f"bad-{uuid.uuid4().hex[:6]}"
     proc = run_helm(
-        helm, "install", rel, str(CHART), "-n", rel, "--create-namespace",
+        helm, "install", rel, str(CHART), "-n", rel, "--create-namespace", *IMAGE,
         *values_file(tmp_path, values), kubeconfig=cluster.kubeconfig,
     )  # fmt: skip
     assert proc.returncode != 0

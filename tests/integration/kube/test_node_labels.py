@@ -172,6 +172,7 @@ def test_the_chart_s_nvidia_prefix_writes_gfd_s_labels(
     chart = REPO / "deploy" / "helm" / "gpudaemon"
     proc = subprocess.run(
         [str(tools_bin / "helm"), "template", "g", str(chart), "--set", "labelPrefix=nvidia.com/",
+         "--set", "image.repository=registry.example.com/gpudaemon",
          "--show-only", "templates/agent/configmap.yaml"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

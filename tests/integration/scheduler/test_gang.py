@@ -36,6 +36,7 @@ def chart_gang_config(helm: Path) -> dict[str, Any]:
     proc = subprocess.run(
         [str(helm), "template", "gpudaemon", str(REPO / "deploy/helm/gpudaemon"), "-n", "gpudaemon",
          "--set", "scheduler.gang.enabled=true", "--set", "scheduler.gang.permitWaitingTimeSeconds=8",
+         "--set", "image.repository=registry.example.com/gpudaemon",
          "--show-only", "templates/scheduler/configmap.yaml"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

@@ -46,6 +46,7 @@ def chart_rendered(helm: Path) -> tuple[dict[str, Any], list[str]]:
         proc = subprocess.run(
             [str(helm), "template", "gpudaemon", str(REPO / "deploy/helm/gpudaemon"),
              "-n", "gpudaemon", "--set", "scheduler.gang.mode=workload",
+             "--set", "image.repository=registry.example.com/gpudaemon",
              "--show-only", f"templates/scheduler/{show}.yaml"],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip

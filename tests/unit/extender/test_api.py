@@ -1,5 +1,6 @@
 """The HTTP layer: upstream wire format in both key cases, 400s with reasons, no-GPU
-pods passed through, assumptions under concurrency."""
+pods passed through (neutral unless `score_gpuless_pods`), assumptions under
+concurrency."""
 
 from __future__ import annotations
 
@@ -135,6 +136,29 @@ def test_pod_without_gpus_passes_through_neutrally() -> None:
     assert f["NodeNames"] == NAMES and f["FailedNodes"] == {}
     _, p = call(api, "/prioritize", json.dumps({"Pod": pod("p", 0), "NodeNames": NAMES}).encode())
     assert {h["Score"] for h in p} == {0}
+
+
+@pytest.mark.parametrize("score_gpuless_pods", [False, True])
+def test_a_pod_without_gpus_is_neutral_even_under_fragmentation_unless_switched_on(
+    score_gpuless_pods: bool,
+) -> None:
+    """Issue 40: the shipped profile sends every pod, and a pod asking for no GPU gets 0
+    on every node (kube-scheduler then draws among them at random) even under a policy
+    that could rank it; `score_gpuless_pods` lets that policy rank it instead."""
+    _, c, _ = make_api()
+    api = ExtenderApi(
+        c, {"fragmentation": Fragmentation()}, "fragmentation", CollectorRegistry(),
+        lambda: (True, "ok"), score_gpuless_pods=score_gpuless_pods,
+    )  # fmt: skip
+    names = ["a", "b", "c"]
+    _, f = call(api, "/filter", json.dumps({"Pod": pod("p", 0), "NodeNames": names}).encode())
+    assert f["NodeNames"] == names
+    _, res = call(api, "/prioritize", json.dumps({"Pod": pod("p", 0), "NodeNames": names}).encode())
+    scores = {h["Host"]: h["Score"] for h in res}
+    if score_gpuless_pods:
+        assert max(scores.values()) == 10, scores  # the policy's pick
+    else:
+        assert scores == dict.fromkeys(names, 0)
 
 
 def test_one_candidate_returns_the_pick_alone_and_assumes_it() -> None:
