@@ -213,17 +213,23 @@ def real_client(tmp_path: Path, port: int) -> KubeClient:
     return KubeClient.from_credentials(creds, timeout_s=0.5, connect_timeout_s=0.5)
 
 
+def failure_of(tmp_path: Path, port: int) -> str:
+    """The one line a GET to `port` fails with, through the real client."""
+    client = real_client(tmp_path, port)
+    try:
+        with pytest.raises(KubeUnavailableError) as e:
+            client.request("GET", "/api/v1/nodes")
+    finally:
+        client.close()
+    return str(e.value)
+
+
 def test_a_closed_port_is_reported_as_refused_not_timed_out(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, never listening: the kernel refuses at once
-        client = real_client(tmp_path, port)
-        try:
-            with pytest.raises(KubeUnavailableError) as e:
-                client.request("GET", "/api/v1/nodes")
-        finally:
-            client.close()
-    assert str(e.value) == f"GET http://127.0.0.1:{port}/api/v1/nodes: connection refused"
+        got = failure_of(tmp_path, port)
+    assert got == f"GET http://127.0.0.1:{port}/api/v1/nodes: connection refused"
 
 
 def test_a_server_that_never_accepts_is_reported_as_timed_out_connecting(
@@ -259,12 +265,5 @@ def test_a_server_that_accepts_and_never_answers_is_reported_as_timed_out_waitin
         srv.bind(("127.0.0.1", 0))
         srv.listen(8)  # the kernel completes the handshake; nobody reads or answers
         port = srv.getsockname()[1]
-        client = real_client(tmp_path, port)
-        try:
-            with pytest.raises(KubeUnavailableError) as e:
-                client.request("GET", "/api/v1/nodes")
-        finally:
-            client.close()
-    assert str(e.value) == (
-        f"GET http://127.0.0.1:{port}/api/v1/nodes: timed out waiting for the answer"
-    )
+        got = failure_of(tmp_path, port)
+    assert got == f"GET http://127.0.0.1:{port}/api/v1/nodes: timed out waiting for the answer"
