@@ -128,7 +128,8 @@ def test_status_gives_the_right_numbers_per_node(fleet: dict[str, Any]) -> None:
     ]
     assert rows[names["idle"]]["degraded"] == [] and rows[names["stopped"]]["degraded"] is None
     assert rows[names["busy"]]["product"] == "NVIDIA-H100-80GB-HBM3"
-    assert rows[names["stopped"]]["age_s"] > 10 and rows[names["idle"]]["age_s"] < 10
+    # Stale from the moment the 10 s Lease ran out: at least 10 s (0.1 s steps).
+    assert rows[names["stopped"]]["age_s"] >= 10 and rows[names["idle"]]["age_s"] < 10
     assert rows[names["stopped"]]["stale_reason"].startswith("the Lease expired ")
     assert rows[names["idle"]]["stale_reason"] is None
     (summary,) = out["summary"]
