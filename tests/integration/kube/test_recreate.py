@@ -85,11 +85,14 @@ def test_recreated_node_gets_labels_and_lease_owner_back(
     text = log.read_text()
     assert "Traceback" not in text
     assert "maximum number of running instances" not in text
-    # One line when the Node went missing, one when the labels were written again.
-    assert (
-        text.count(f'nodes \\"{node}\\" not found') + text.count(f'nodes "{node}" not found') == 1
-    ), text
-    assert text.count("labels written after") == 1, text
+    # One line when the Node went missing, one when the labels were written again. The
+    # delete + create "with no gap" still has an instant between them: a write that lands
+    # there (the labels, or the condition just after them) is one more line, at most.
+    missing = text.count(f'nodes \\"{node}\\" not found') + text.count(f'nodes "{node}" not found')
+    # (The first gap saw three failed attempts: a line per attempt would be three or more.)
+    outages = text.count("labels not written")
+    assert 1 <= outages <= 2 and 1 <= missing <= 2, text
+    assert text.count("labels written after") == outages, text
     assert text.count("the Node was re-created") == 2, text
 
 
