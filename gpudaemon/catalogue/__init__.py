@@ -137,7 +137,9 @@ CATALOGUE: tuple[Series, ...] = (
     Series(
         "gpu_xid_errors_total",
         "counter",
-        "XID errors reported by the driver, by XID code.",
+        "XID errors reported by the driver, by XID code: the codes of our XID table "
+        "(NVIDIA's catalog and the application set) by number, any other code summed "
+        "under xid other, so the series stay bounded.",
         "gpu",
         label="xid",
         gpu=_xid,

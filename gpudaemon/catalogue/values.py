@@ -12,6 +12,7 @@ from gpudaemon.catalogue.series import (
 )
 from gpudaemon.health.signals import CLOCK_EVENT_REASONS, RECOVERY_ACTION_NAMES
 from gpudaemon.health.verdict import ACTIONS, STATES
+from gpudaemon.health.xid import APPLICATION_XIDS, XIDS
 from gpudaemon.model import GpuInfo, GpuSample, MigDevice, MigSample, NodeInventory
 
 
@@ -22,8 +23,25 @@ def _ecc(s: GpuSample) -> Iterable[tuple[str, Number]]:
         yield "uncorrected", s.ecc_uncorrected_errors_total
 
 
+# XID codes that keep their own `xid` label value: those NVIDIA's catalog names in our
+# table, and the application set. Any other code (a driver's or a forged one) is summed
+# under "other": the driver may report any 32-bit code, and each distinct value would
+# be one more series on every scrape and in Prometheus, for ever.
+KNOWN_XIDS = frozenset(XIDS) | APPLICATION_XIDS
+OTHER_XID = "other"
+
+
 def _xid(s: GpuSample) -> Iterable[tuple[str, Number]]:
-    return [(str(code), n) for code, n in sorted(s.xid_errors_total.items())]
+    out: list[tuple[str, Number]] = []
+    other: Number | None = None
+    for code, n in sorted(s.xid_errors_total.items()):
+        if code in KNOWN_XIDS:
+            out.append((str(code), n))
+        else:
+            other = n if other is None else other + n
+    if other is not None:
+        out.append((OTHER_XID, other))
+    return out
 
 
 def _flag(attr: str) -> GpuValues:

@@ -276,3 +276,23 @@ def test_a_render_reusing_unchanged_rows_is_what_prometheus_client_writes(profil
             want = om_latest(Fresh()) if om else text_latest(Fresh())  # type: ignore[arg-type]
             got = col.render_gpus(om) + (b"# EOF\n" if om else b"")
             assert got == want, (step, om)
+
+
+def test_xid_codes_outside_the_table_fold_into_other_so_series_stay_bounded() -> None:
+    """2,000 distinct codes (a driver's or a forged fault's) give one `other` series
+    beside the known ones, not 2,000 series; the total is unchanged."""
+    from dataclasses import replace
+
+    from gpudaemon.catalogue.values import KNOWN_XIDS
+
+    codes = {79: 1, 13: 2, **{100_000 + i: 1 for i in range(2000)}}
+    reg = _registry((_gpu(0),), (replace(FULL, xid_errors_total=codes),))
+    xid = "gpudaemon_gpu_xid_errors_total"
+    series = [
+        s for m in reg.collect() if m.name == xid.removesuffix("_total")
+        for s in m.samples if s.name == xid
+    ]  # fmt: skip
+    assert {s.labels["xid"] for s in series} == {"79", "13", "other"}
+    assert reg.get_sample_value(xid, _labels(0, xid="other")) == 2000
+    assert sum(s.value for s in series) == 2003
+    assert len(series) <= len(KNOWN_XIDS) + 1
