@@ -75,6 +75,9 @@ class NodeRow:
     # node then has no data, so it is not fresh (issue 28).
     bad_data: str = ""
     stale_reason: str | None = None  # None when fresh
+    # Why no pod can be placed on the node at all ("" when one can): cordoned, or its
+    # kubelet NotReady. Its FREE is then 0, whatever its GPUs are.
+    unavailable: str = ""
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,8 @@ def collect(
             why = _lease_problem(node, lease, found.where, wall)
         elif ann_problem:
             why = ann_problem
+        closed = _unavailable(node)
+        free = None if why else st.gpus_free
         rows.append(
             NodeRow(
                 name=name,
@@ -181,7 +186,7 @@ def collect(
                 total=total,
                 healthy=None if why else healthy,
                 allocated=st.gpus_requested,
-                free=None if why else st.gpus_free,
+                free=0 if closed else free,
                 fresh=why is None,
                 age_s=None if at is None else round(max(0.0, wall - at), 1),
                 unhealthy=None if why else [u for u in sick if u.state == "unhealthy"],
@@ -189,9 +194,26 @@ def collect(
                 pool=_pool(labels, pool_label),
                 bad_data=bad,
                 stale_reason=why,
+                unavailable=closed,
             )
         )
     return sorted(rows, key=lambda r: r.name)
+
+
+def _unavailable(node: Mapping[str, Any]) -> str:
+    """Why the scheduler places nothing on the node ("" when it may): cordoned
+    (spec.unschedulable), or Ready not True (its kubelet is down or unreachable; a
+    Node with no Ready condition yet is not judged)."""
+    if (node.get("spec") or {}).get("unschedulable") is True:
+        return "cordoned"
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready = next(
+        (c for c in conditions if isinstance(c, Mapping) and c.get("type") == "Ready"), None
+    )
+    if ready is not None and ready.get("status") != "True":
+        reason = str(ready.get("reason") or ready.get("status") or "")[:80]
+        return f"NotReady ({reason})" if reason else "NotReady"
+    return ""
 
 
 def _lease_problem(
@@ -209,7 +231,10 @@ def _lease_problem(
                   and o.get("kind") == "Node"), "")  # fmt: skip
     if owner and uid and owner != uid:
         return "the Lease belongs to an earlier Node of this name"
-    return f"the Lease expired {_age(max(0.0, wall - expiry.timestamp()))} ago"
+    ago = _age(max(0.0, wall - expiry.timestamp()))
+    if (lease.get("spec") or {}).get("holderIdentity") == "":
+        return f"the agent stopped (released its Lease) {ago} ago"
+    return f"the Lease expired {ago} ago"
 
 
 def summarize(rows: Sequence[NodeRow]) -> list[SummaryRow]:
@@ -251,9 +276,7 @@ def as_table(rows: Sequence[NodeRow]) -> str:
             "yes" if r.fresh else "NO",
             "-" if r.age_s is None else _age(r.age_s),
             ",".join(_verdict(u) for u in _attention(r)) or "-",
-            f"stale: {r.stale_reason}"
-            if r.stale_reason
-            else ", ".join(f"{u.index}: {u.reason}" for u in _attention(r)) or "-",
+            _detail(r),
         )
         for r in rows
     ]
@@ -268,10 +291,20 @@ def as_table(rows: Sequence[NodeRow]) -> str:
     ]  # fmt: skip
     note = (
         "HEALTHY and FREE are '-' (unknown) on a stale node, and the summary counts fresh "
-        "nodes only: a stale node's GPUs are not offered. GPU-HEALTH: index=state/action of "
-        "each GPU not healthy (degraded ones are schedulable and counted as healthy)."
+        "nodes only: a stale node's GPUs are not offered. FREE is 0 on a cordoned or "
+        "NotReady node (DETAIL says which). GPU-HEALTH: index=state/action of each GPU not "
+        "healthy (degraded ones are schedulable and counted as healthy)."
     )
     return f"{_grid(head, body)}\n\n{_grid(head2, body2)}\n{note}\n"
+
+
+def _detail(r: NodeRow) -> str:
+    parts = [f"{r.unavailable}: 0 free"] if r.unavailable else []
+    if r.stale_reason:
+        parts.append(f"stale: {r.stale_reason}")
+    else:
+        parts += [f"{u.index}: {u.reason}" for u in _attention(r)]
+    return ", ".join(parts) or "-"
 
 
 def _attention(r: NodeRow) -> list[Unhealthy]:

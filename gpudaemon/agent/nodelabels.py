@@ -58,7 +58,10 @@ class NodeLabelSink(LeaseHeartbeat):
         if not isinstance(ls.labels, Labels):
             raise SinkError("refusing labels that did not pass through sanitize_value")
         with self._lock:
-            self._desired = self._with_fresh_since(ls.as_dict())
+            wanted = ls.as_dict()
+            self._wanted = wanted["labels"]
+            wanted["labels"] = self._own(self._wanted)
+            self._desired = self._with_fresh_since(wanted)
             self._unhealthy, self._gpus = ls.verdicts, ls.gpus
             wrote = self._reconcile()
             return self._sync_health() or wrote
@@ -92,9 +95,25 @@ class NodeLabelSink(LeaseHeartbeat):
             self.watch.start()
 
     def close(self) -> None:
-        if self.watch is not None:
+        if self.watch is not None:  # a long run (not --once): it stops now
             self.watch.stop()
+            self.release_lease()
         self.client.close()
+
+    def release_lease(self) -> None:
+        """A graceful stop: the Lease stops vouching within a second (readers and
+        `gpudaemon status` see the node as stale), not after its full duration. The
+        labels, condition, taint and fault record stay: a stop lifts no quarantine."""
+        with self._lock:
+            if self._lease_uid is None:
+                return  # never renewed by this process: nothing of ours to take back
+            try:
+                self.lease.release(self._lease_uid)
+            except KubeError as e:
+                logger.warning("{}; it expires on its own", e)
+                return
+            self._lease_uid = None
+            logger.info("node {}: lease released (stopping)", self.node)
 
     # -- the Node watch ----------------------------------------------------------------
 
@@ -164,6 +183,8 @@ class NodeLabelSink(LeaseHeartbeat):
                 # only if the Node drifted (a restarted agent does not rewrite it).
                 node = self.client.get_node(self.node)
                 self._note(node)
+                desired = self._desired  # without the sharing labels others set
+                assert desired is not None
                 self._same_node(node)
                 self._node_uid = _uid(node)
                 self.health.seen(node)

@@ -21,6 +21,7 @@ from gpudaemon.kube.client import FIELD_MANAGER, Credentials, KubeClient
 from gpudaemon.kube.lease import LeaseRenewer
 from gpudaemon.labels import GpuHealth
 from gpudaemon.labels.sanitize import DEFAULT_PREFIX
+from gpudaemon.labels.sharing import is_sharing_key
 from gpudaemon.logsetup import LogLimiter
 
 FRESH_SINCE = "fresh-since"
@@ -41,6 +42,24 @@ def owned_keys(node: Mapping[str, Any], manager: str = FIELD_MANAGER) -> tuple[s
         labels |= {k[2:] for k in meta.get("f:labels", {}) if k.startswith("f:")}
         ann |= {k[2:] for k in meta.get("f:annotations", {}) if k.startswith("f:")}
     return labels, ann
+
+
+def set_by_others(
+    node: Mapping[str, Any], keys: Callable[[str], bool], manager: str = FIELD_MANAGER
+) -> frozenset[str]:
+    """The Node's labels matching `keys` that another field manager set (and so owns,
+    alone or with us), from managedFields."""
+    out: set[str] = set()
+    labels = node.get("metadata", {}).get("labels") or {}
+    for entry in node.get("metadata", {}).get("managedFields") or []:
+        if not isinstance(entry, Mapping) or entry.get("manager") == manager:
+            continue
+        meta = (entry.get("fieldsV1") or {}).get("f:metadata", {})
+        f_labels = meta.get("f:labels", {}) if isinstance(meta, Mapping) else {}
+        if not isinstance(f_labels, Mapping):
+            continue
+        out |= {k[2:] for k in f_labels if k.startswith("f:") and keys(k[2:])}
+    return frozenset(k for k in out if k in labels)
 
 
 def in_sync(node: Mapping[str, Any], desired: Mapping[str, Mapping[str, str]]) -> bool:
@@ -102,6 +121,13 @@ class NodeSinkState:
         # its fault record from it when the read at start-up failed).
         self.on_read: Callable[[Mapping[str, Any]], None] | None = None
         self._lock = threading.Lock()
+        # GPU-sharing labels (labels/sharing.py) that another manager set on the Node:
+        # theirs, never taken over (with the `nvidia.com/` prefix the device plugin's
+        # time-slicing or MPS config sets them through GFD). `_wanted` is what the
+        # labelers asked for; `_desired` is that without them.
+        self._sharing_key: Callable[[str], bool] = lambda k: is_sharing_key(k, prefix)
+        self._yielded: frozenset[str] = frozenset()
+        self._wanted: dict[str, str] = {}
         self._desired: dict[str, dict[str, str]] | None = None
         self._applied: dict[str, dict[str, str]] | None = None
         self._verified_at = -float("inf")
@@ -147,10 +173,30 @@ class NodeSinkState:
             self.health.client = c
 
     def _note(self, obj: Any) -> None:
-        """Remember the newest resourceVersion we have written or read."""
+        """Remember the newest resourceVersion we have written or read, and which
+        sharing labels others have set on the Node."""
         rv = resource_version(obj) if isinstance(obj, Mapping) else None
         if rv is not None and (self._known_rv is None or rv > self._known_rv):
             self._known_rv = rv
+        if isinstance(obj, Mapping) and "managedFields" in (obj.get("metadata") or {}):
+            yielded = set_by_others(obj, self._sharing_key)
+            if yielded != self._yielded:
+                if yielded - self._yielded:
+                    logger.info(
+                        "node {}: {} set by another manager: leaving them to it",
+                        self.node,
+                        ", ".join(sorted(yielded - self._yielded)),
+                    )
+                self._yielded = yielded
+                if self._desired is not None:
+                    self._desired = {
+                        "labels": self._own(self._wanted),
+                        "annotations": self._desired["annotations"],
+                    }
+
+    def _own(self, labels: Mapping[str, str]) -> dict[str, str]:
+        """The labels we write: all we want but the sharing labels others set."""
+        return {k: v for k, v in labels.items() if k not in self._yielded}
 
     def _watch_live(self) -> bool:
         return self.watch is not None and self.watch.live

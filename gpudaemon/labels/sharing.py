@@ -3,13 +3,28 @@
 0 for GPUs in MIG mode (GFD labels them "without sharing"), `gpu.sharing-strategy`
 `none`, `mps.capable` `false` (GFD k8s-device-plugin v0.19.3, internal/lm/resource.go
 `baseLabeler`, `getReplicas`; internal/lm/nvml.go `newSharingLabeler`). The agent does
-not read the device plugin's sharing config: a cluster that shares GPUs keeps GFD for
-these keys (docs/labels.md)."""
+not read the device plugin's sharing config. Under GFD's own prefix (`nvidia.com/`)
+GFD writes these keys from that config (time-slicing, MPS): the agent's Node sink
+yields every key `is_sharing_key` names to whoever else set it (agent/nodesync.py), so
+a cluster that shares GPUs keeps GFD's values (docs/migrate.md)."""
 
 from __future__ import annotations
 
 from gpudaemon.labels.base import RawLabels, primary_gpus
 from gpudaemon.model import Snapshot
+
+# The keys the device plugin's sharing configuration decides (GFD's `getReplicas`,
+# `newSharingLabeler`), as suffixes of the prefix; `mig-<profile>.` ones too.
+SHARING_KEYS = frozenset({"gpu.replicas", "gpu.sharing-strategy", "mps.capable"})
+MIG_SHARING_SUFFIXES = (".replicas", ".sharing-strategy")
+
+
+def is_sharing_key(key: str, prefix: str) -> bool:
+    """True for a label the device plugin's sharing config owns under GFD's labels."""
+    if not key.startswith(prefix):
+        return False
+    name = key[len(prefix) :]
+    return name in SHARING_KEYS or (name.startswith("mig-") and name.endswith(MIG_SHARING_SUFFIXES))
 
 
 class SharingLabeler:

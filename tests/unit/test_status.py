@@ -103,7 +103,7 @@ def test_status_counts_per_node() -> None:
     assert (out["nodes"][0]["unhealthy"], out["nodes"][0]["degraded"]) == ([], [])
     assert set(out["nodes"][0]) == {
         "name", "product", "total", "healthy", "allocated", "free", "fresh", "age_s",
-        "unhealthy", "degraded", "stale_reason", "bad_data",
+        "unhealthy", "degraded", "stale_reason", "bad_data", "unavailable",
     }  # fmt: skip
     c = out["nodes"][2]
     assert (c["healthy"], c["free"], c["unhealthy"], c["degraded"]) == (None, None, None, None)
@@ -240,3 +240,41 @@ def test_the_extender_gauges_are_the_same_figures() -> None:
             assert v == getattr(r, kind), (r.name, kind)
         assert reg.get_sample_value("gpudaemon_extender_node_fresh", {"node": r.name}) == r.fresh
     assert reg.get_sample_value("gpudaemon_extender_node_fresh", {"node": "cpu"}) is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "ready", "why"),
+    [
+        ({"unschedulable": True}, "True", "cordoned"),
+        ({}, "Unknown", "NotReady (NodeStatusUnknown)"),
+        ({}, "False", "NotReady (KubeletNotReady)"),
+    ],
+)
+def test_a_cordoned_or_notready_node_has_no_free_gpus_and_says_why(
+    spec: dict[str, Any], ready: str, why: str
+) -> None:
+    objs = objects()
+    a = objs["/api/v1/nodes"][0]
+    a["spec"] = {**a.get("spec", {}), **spec}
+    reason = {"True": "KubeletReady", "Unknown": "NodeStatusUnknown", "False": "KubeletNotReady"}
+    a["status"]["conditions"] = [{"type": "Ready", "status": ready, "reason": reason[ready]}]
+    got = {r.name: r for r in collect(FakeClient(objs), prefix=P, lease_namespace="gpudaemon",
+                                      now=NOW)}  # type: ignore[arg-type]  # fmt: skip
+    assert (got["a"].free, got["a"].unavailable, got["a"].healthy) == (0, why, 8)
+    assert got["b"].free == 5 and got["b"].unavailable == ""
+    table = as_table(list(got.values()))
+    line = next(x for x in table.splitlines() if x.startswith("a "))
+    assert f"{why}: 0 free" in line
+    summary = next(x for x in table.splitlines()[5:] if x.startswith("NVIDIA"))
+    assert summary.split()[-1] == "5", table  # only b's free GPUs are on offer
+
+
+def test_a_released_lease_says_the_agent_stopped() -> None:
+    objs = objects()
+    released = lease_obj("c", NOW - 3, 1, owner_uid="uc2")
+    released["spec"]["holderIdentity"] = ""
+    objs["leases"][2] = released
+    c = next(r for r in collect(FakeClient(objs), prefix=P, lease_namespace="gpudaemon",
+                                now=NOW) if r.name == "c")  # type: ignore[arg-type]  # fmt: skip
+    assert not c.fresh
+    assert c.stale_reason == "the agent stopped (released its Lease) 2s ago"

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import yaml
 
 from tests.gfd import GFD_DGX_H100
 from tests.integration.kube.controlplane import ControlPlane, annotation
-from tests.support import REPO
+from tests.support import REPO, start_agent, stop, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -191,3 +192,58 @@ def test_the_chart_s_nvidia_prefix_writes_gfd_s_labels(
     # Not a GFD key (tests/gfd.py BEYOND_GFD), and written under the prefix too.
     assert labels.get("nvidia.com/gpu.present") == "true"
     assert not [k for k in labels if k.startswith(P)]  # nothing under the default prefix
+
+
+SHARED = {"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "time-slicing"}
+
+
+def test_under_gfds_prefix_the_sharing_keys_someone_else_set_stay_theirs(
+    control_plane: ControlPlane, node: str, tmp_path: Path
+) -> None:
+    """Time-slicing: the device plugin's config has GFD write `gpu.replicas=4` and
+    `gpu.sharing-strategy=time-slicing` (here as another field manager, before the agent
+    starts and again while it runs). A long-running agent with `labelPrefix:
+    nvidia.com/` writes its other GFD keys and leaves those two as they were for more
+    than a full label cycle (its Node watch sees the change at once)."""
+    cp = control_plane
+
+    def set_shared(values: dict[str, str]) -> None:
+        cp.admin.request("PATCH", f"/api/v1/nodes/{node}", body={"metadata": {"labels": values}},
+                         query={"fieldManager": "nvidia-device-plugin"},
+                         content_type="application/merge-patch+json")  # fmt: skip
+
+    def shared() -> dict[str, str | None]:
+        labels = cp.node(node)["metadata"]["labels"]
+        return {k: labels.get(k) for k in SHARED}
+
+    set_shared(SHARED)
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "labels: {prefix: nvidia.com/, to: apiserver}\n"
+        "metrics: {listen: '127.0.0.1:0'}\n"
+        "schedules: {telemetry: '* * * * * *', labels: '*/2 * * * * *'}\n"
+    )
+    env = {"GPUDAEMON_KUBERNETES__KUBECONFIG": str(cp.admin_kubeconfig)}
+    proc = start_agent(
+        ["run", "--config", str(config), "--simulate", "dgx-h100", "--node-name", node],
+        env=env, log=tmp_path / "agent.log",
+    )  # fmt: skip
+    try:
+        wait_for(lambda: cp.node(node)["metadata"]["labels"].get("nvidia.com/gpu.count") == "8",
+                 timeout=60, what="the agent's labels")  # fmt: skip
+        # Two label cycles (2 s each) and a resync of its own view: still theirs.
+        time.sleep(5)
+        assert shared() == SHARED
+        # Changed again while it runs (a new sharing config): theirs still.
+        set_shared({"nvidia.com/gpu.replicas": "2", "nvidia.com/gpu.sharing-strategy": "mps"})
+        time.sleep(5)
+        assert shared() == {"nvidia.com/gpu.replicas": "2",
+                            "nvidia.com/gpu.sharing-strategy": "mps"}  # fmt: skip
+        # Every other GFD key is the agent's, with GFD's value.
+        labels = cp.node(node)["metadata"]["labels"]
+        others = {k: v for k, v in GFD_DGX_H100.items() if k not in SHARED}
+        assert {k: labels.get(k) for k in others} == others
+    finally:
+        assert stop(proc) == 0
+    log = (tmp_path / "agent.log").read_text()
+    assert "set by another manager: leaving them to it" in log
