@@ -1,4 +1,5 @@
-"""The command line: run, probe, extender, rebalance, status, check-config, version. Bad
+"""The command line: run, probe, extender, rebalance, status, cleanup, check-config,
+version. Bad
 input is one line on stderr and exit 2. Installed as `kubectl-gpudaemon` too, so
 `kubectl gpudaemon status` works."""
 
@@ -172,6 +173,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--pool-label", default="", help="node-pool label (default: GKE, EKS, AKS, Karpenter)"
     )
 
+    cl = sub.add_parser(
+        "cleanup",
+        help="remove what gpudaemon wrote to the cluster (node labels, annotations, "
+        "condition and taint, DeviceTaintRules, Leases): the uninstall step",
+    )
+    cl.add_argument("--config", metavar="FILE", help="YAML configuration file (labels.prefix)")
+    cl.add_argument(
+        "--kubeconfig", metavar="FILE", help="default: in-cluster, $KUBECONFIG, ~/.kube/config"
+    )
+    cl.add_argument(
+        "-n",
+        "--namespace",
+        metavar="NS",
+        help="namespace of the Leases (the release namespace; default "
+        "kubernetes.lease_namespace, gpudaemon)",
+    )
+    cl.add_argument("--prefix", help="label prefix (default gpudaemon.io/)")
+    cl.add_argument("--dry-run", action="store_true", help="say what would go, change nothing")
+
     cc = sub.add_parser(
         "check-config",
         help="validate a configuration file as the programs do: 0 when valid, 2 naming the key",
@@ -208,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _rebalance(args)
         if args.command == "status":
             return _status(args)
+        if args.command == "cleanup":
+            return _cleanup(args)
         if args.command == "check-config":
             return _check_config(args)
         if args.command == "version":
@@ -493,6 +515,48 @@ def _status(args: argparse.Namespace) -> int:
     if args.output == "json":
         print()
     return 0
+
+
+def _cleanup(args: argparse.Namespace) -> int:
+    from gpudaemon.cleanup import cleanup
+    from gpudaemon.config import StatusSettings
+    from gpudaemon.kube.client import KubeClient, find_credentials
+    from gpudaemon.labels.sanitize import validate_prefix
+    from gpudaemon.logsetup import setup_logging
+
+    setup_logging("WARNING")
+    _warn_environment()
+    if args.prefix is not None:
+        try:
+            validate_prefix(args.prefix)
+        except ValueError as e:
+            raise UsageError(f"--prefix: {e}") from None
+    if args.namespace is not None and not _DNS_LABEL.match(args.namespace):
+        raise UsageError(f"-n/--namespace: {args.namespace[:100]!r} is not a namespace name")
+    cfg = _load(StatusSettings, args, _overrides(args, _STATUS_FLAGS))
+    k = cfg.kubernetes
+    creds = find_credentials(k.kubeconfig, bool(k.in_cluster))
+    if creds is None:
+        from gpudaemon.config.environment import where_credentials_were_sought
+
+        raise UsageError(
+            f"no Kubernetes credentials ({where_credentials_were_sought()}): give --kubeconfig"
+        )
+    namespace = args.namespace or k.lease_namespace
+    client = KubeClient.from_credentials(creds, k.request_timeout_seconds)
+    try:
+        report = cleanup(
+            client, prefix=cfg.labels.prefix, namespace=namespace, dry_run=args.dry_run
+        )
+    finally:
+        client.close()
+    verb = "would remove" if args.dry_run else "removed"
+    for line in report.removed:
+        print(f"{verb}: {line}")
+    for line in report.failed:
+        print(f"failed: {line}", file=sys.stderr)
+    print(f"{len(report.removed)} {verb}, {len(report.failed)} failed")
+    return 1 if report.failed else 0
 
 
 def _check_config(args: argparse.Namespace) -> int:

@@ -784,6 +784,16 @@ def _schema_and_checks() -> tuple[dict[str, Any], dict[str, Any]]:
             "extender": extender,
             "scheduler": scheduler,
             "rebalancer": rebalancer,
+            "cleanup": obj(
+                {
+                    "enabled": B,
+                    "activeDeadlineSeconds": INT1,
+                    "backoffLimit": INT0,
+                    "resources": RES,
+                    "nodeSelector": STRMAP,
+                    "tolerations": LIST,
+                }
+            ),
             "networkPolicy": obj({"enabled": B, "metricsFrom": LIST, "extenderFrom": LIST}),
             "dra": obj({"enabled": B}),
         },

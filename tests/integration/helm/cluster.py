@@ -21,9 +21,9 @@ from gpudaemon.errors import KubeNotFoundError
 from tests.integration.kube.controlplane import ControlPlane
 from tests.support import free_port, wait_for
 
-# Only what a DaemonSet, Deployments and `helm uninstall` need. Without the node
-# lifecycle controller nobody marks the kubelet-less Nodes unreachable.
-CONTROLLERS = "daemonset,deployment,replicaset,garbagecollector"
+# Only what a DaemonSet, Deployments and `helm uninstall` (its cleanup Job) need.
+# Without the node lifecycle controller nobody marks the kubelet-less Nodes unreachable.
+CONTROLLERS = "daemonset,deployment,replicaset,garbagecollector,job"
 GPU_LABEL = {"nvidia.com/gpu.present": "true"}
 
 

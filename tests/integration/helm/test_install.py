@@ -6,6 +6,7 @@ out and `helm uninstall` leaves nothing behind."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from tests.integration.helm.conftest import (
     helm_major,
     run_helm,
 )
+from tests.integration.helm.hooks import uninstall
 
 pytestmark = pytest.mark.integration
 
@@ -93,6 +95,7 @@ def leftovers(cluster: Cluster, rel: str = LC, ns: str = LC_NS) -> list[str]:
         "/apis/apps/v1/deployments",
         "/apis/apps/v1/replicasets",
         "/apis/apps/v1/controllerrevisions",
+        "/apis/batch/v1/jobs",
         "/api/v1/pods",
         "/api/v1/configmaps",
         "/api/v1/services",
@@ -124,7 +127,7 @@ def checksums(cluster: Cluster) -> dict[str, str]:
 
 
 def test_upgrade_rolls_out_a_changed_value_and_uninstall_leaves_nothing(
-    helm: str, cluster: Cluster
+    helm: str, cluster: Cluster, tmp_path: Path
 ) -> None:
     kc = cluster.kubeconfig
     proc = run_helm(
@@ -154,7 +157,7 @@ def test_upgrade_rolls_out_a_changed_value_and_uninstall_leaves_nothing(
     after = cluster.wait(rolled, "every GPU node's agent replaced by the new template")
     assert len(set(after.values())) == 1
 
-    proc = run_helm(helm, "uninstall", LC, "-n", LC_NS, kubeconfig=kc)
+    proc, _ = uninstall(helm, cluster, LC, LC_NS, tmp_path)
     assert proc.returncode == 0, proc.stderr
 
     def gone() -> bool:
@@ -168,7 +171,7 @@ def test_upgrade_rolls_out_a_changed_value_and_uninstall_leaves_nothing(
 
 
 def test_every_switch_on_installs_and_uninstalls_leaving_nothing(
-    helm: str, cluster: Cluster
+    helm: str, cluster: Cluster, tmp_path: Path
 ) -> None:
     """values-everything.yaml (rebalancer, InfluxDB history, monitoring, NetworkPolicy,
     TLS between scheduler and extender...) through `helm install` on the real API
@@ -186,7 +189,7 @@ def test_every_switch_on_installs_and_uninstalls_leaving_nothing(
         assert any(o.startswith(f"{kind}/") for o in installed), (kind, installed)
     assert len([o for o in installed if o.startswith("deployments/")]) == 3, installed
 
-    proc = run_helm(helm, "uninstall", rel, "-n", ns, kubeconfig=kc)
+    proc, _ = uninstall(helm, cluster, rel, ns, tmp_path)
     assert proc.returncode == 0, proc.stderr
 
     def gone() -> bool:
@@ -200,7 +203,7 @@ def test_every_switch_on_installs_and_uninstalls_leaving_nothing(
 
 
 def test_objects_applied_before_the_chart_are_adopted_as_docs_upgrade_says(
-    helm: str, cluster: Cluster
+    helm: str, cluster: Cluster, tmp_path: Path
 ) -> None:
     """docs/upgrade.md: RBAC and policy applied by hand (as deploy/manifests/ were
     before the chart) block `helm install` until they carry helm's ownership marks."""
@@ -252,7 +255,8 @@ def test_objects_applied_before_the_chart_are_adopted_as_docs_upgrade_says(
         )
     adopted = run_helm(helm, *args, kubeconfig=cluster.kubeconfig)
     assert adopted.returncode == 0, adopted.stderr
-    assert run_helm(helm, "uninstall", rel, "-n", ns, kubeconfig=cluster.kubeconfig).returncode == 0
+    gone, _ = uninstall(helm, cluster, rel, ns, tmp_path)
+    assert gone.returncode == 0, gone.stderr
     for doc in by_hand:
         assert cluster.get(f"{paths[doc['kind']]}/{doc['metadata']['name']}") is None, doc["kind"]
 
