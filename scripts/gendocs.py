@@ -390,6 +390,7 @@ def _check_words() -> dict[str, tuple[str, str, str]]:
     (tests/unit/test_reference_docs.py checks each example against its pattern). A new
     pattern without words here stops the generator."""
     from gpudaemon.config import DNS1123_LABEL_PATTERN, DNS1123_SUBDOMAIN_PATTERN
+    from gpudaemon.config.remediation import WINDOW_PATTERN
     from gpudaemon.config.values import NFD_FEATURES_DIR, NFD_PATH_PATTERN
     from gpudaemon.schedule import CRON_PATTERN
     from gpudaemon.selector import SELECTOR_PATTERN
@@ -443,6 +444,11 @@ def _check_words() -> dict[str, tuple[str, str, str]]:
         ),
         "http_url_or_empty": ("^(|https?://.+)$", "an http(s) URL", "http://influxdb:8086"),
         "duration": ("^([0-9]+(\\.[0-9]+)?(ms|s|m|h))+$", "a duration", "30s"),
+        "maintenance_window": (
+            WINDOW_PATTERN + "|^$",
+            "a daily window HH:MM-HH:MM in UTC, or empty for any time",
+            "22:00-06:00",
+        ),
         "feature_gate": (
             "^[A-Za-z0-9]+=(true|false)$",
             "a feature gate (Name=true or Name=false)",

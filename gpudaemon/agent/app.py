@@ -26,6 +26,7 @@ from gpudaemon.agent.metrics.http import HttpServer, make_app
 from gpudaemon.agent.metrics.selfmetrics import AgentMetrics
 from gpudaemon.agent.poller import Poller
 from gpudaemon.agent.quarantine import Quarantine
+from gpudaemon.agent.reset import GpuResetter
 from gpudaemon.agent.resourceslices import SliceIndex
 from gpudaemon.backends import Backend, make_backend
 from gpudaemon.config import AgentSettings
@@ -169,6 +170,48 @@ def make_health_memory(
     return HealthMemory(FileStore(path), backend.boot_id()), None
 
 
+GRANT_COMPONENT = "gpudaemon-agent"
+
+
+def make_resetter(agent: Agent) -> GpuResetter | None:
+    """With `remediation.reset_gpu` and the Node as the label destination (the grant
+    arrives there): the GPU reset; None otherwise."""
+    cfg = agent.cfg
+    if not cfg.remediation.reset_gpu:
+        return None
+    sink = agent.label_sink
+    from gpudaemon.agent.nodelabels import NodeLabelSink
+
+    if not isinstance(sink, NodeLabelSink):
+        logger.warning(
+            "remediation.reset_gpu is on, but labels go to {}: resets are granted on the "
+            "Node, so none will run",
+            sink.name,
+        )
+        return None
+    from gpudaemon.agent.reset import GpuResetter
+    from gpudaemon.kube.events import NodeEvents
+    from gpudaemon.remediation.grant import GRANT_ANNOTATION
+
+    key = cfg.labels.prefix + GRANT_ANNOTATION
+    events = NodeEvents(sink.client, cfg.node_name, GRANT_COMPONENT, uid=lambda: sink._node_uid)
+    resetter = GpuResetter(
+        cfg.remediation,
+        agent.backend,
+        agent.health_memory,
+        agent.metrics,
+        grant_key=key,
+        snapshot=agent.cache.get,
+        pods=agent.pods,
+        poll=lambda: agent.run_job("telemetry"),
+        reconcile=lambda: agent.run_job("labels"),
+        clear_grant=lambda raw: sink.remove_annotation(key, raw),
+        event=lambda reason, msg, warning: events.post(reason, msg, warning),
+    )
+    sink.node_observers.append(resetter.on_node)
+    return resetter
+
+
 class Agent:
     def __init__(
         self,
@@ -231,6 +274,10 @@ class Agent:
         )
         self.jobs = self._job_table()
         self.runner = JobRunner(self.jobs, self.metrics)
+        # Resetting a sick GPU in place, when the rebalancer grants it (agent/reset.py).
+        self.resetter = make_resetter(self)
+        if self.resetter is not None:
+            self.poller.remediation = self.resetter.apply
         self.http: HttpServer | None = None
         self.stop_event = threading.Event()
 
@@ -379,6 +426,8 @@ class Agent:
         self.label_sink.start()
         self.quarantine.start()
         self.backend.subscribe(self.quarantine.on_xid)
+        if self.resetter is not None:
+            self.resetter.start()
         for job in self.jobs.values():
             self.scheduler.add(job.name, functools.partial(self.run_job, job.name), job.cron)
         self.scheduler.start()
@@ -432,6 +481,8 @@ class Agent:
         """Shutdown order: stop polling, let running jobs finish, flush history, close
         sinks and NVML, then stop serving."""
         self.quarantine.stop()
+        if self.resetter is not None:
+            self.resetter.stop()  # a reset under way finishes first (its timeout bounds it)
         self.scheduler.shutdown(wait=True)
         if self.history is not None:
             self.flush_history()

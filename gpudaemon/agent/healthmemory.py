@@ -38,6 +38,8 @@ from gpudaemon.textfile import MIB, read_text_file, write_atomic
 DEFAULT_STATE_FILE = "/var/lib/gpudaemon/health.json"
 MAX_RECORD_BYTES = 256 * 1024  # the API server's limit for all of a Node's annotations
 _VERSION = 1
+MAX_GPUS = 64
+_MAX_RESETS = 16  # per GPU: far above any max_attempts
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,8 @@ class AnnotationStore:
         return bounded_json(self.seeded, self.key, MAX_RECORD_BYTES) if self.seeded else None
 
     def save(self, doc: dict[str, Any]) -> None:
-        self.value = json.dumps(doc, separators=(",", ":"), sort_keys=True) if doc["gpus"] else ""
+        keep = doc["gpus"] or doc.get("resets")
+        self.value = json.dumps(doc, separators=(",", ":"), sort_keys=True) if keep else ""
 
 
 class HealthMemory:
@@ -119,6 +122,9 @@ class HealthMemory:
         self.boot_id = boot_id
         self.clock = clock
         self.faults: dict[str, Fault] = {}
+        # UUID -> when each reset of the GPU ran (UNIX s): bounds resets per GPU per day
+        # across restarts and boots (a reboot does not make a flaky GPU good).
+        self.resets: dict[str, list[float]] = {}
         self._log = LogLimiter()
         # The telemetry job applies; a late read-back (the labels job) loads.
         self._lock = threading.RLock()
@@ -137,6 +143,8 @@ class HealthMemory:
             gpus = doc["gpus"] if isinstance(doc, dict) and doc.get("version") == _VERSION else None
             if not isinstance(gpus, dict):
                 raise ValueError("not a gpudaemon health record (version 1)")
+            assert isinstance(doc, dict)
+            self._load_resets(doc.get("resets"))
             loaded: dict[str, Fault] = {}
             for uuid, f in gpus.items():
                 fault = Fault(str(f["reason"]), str(f["boot_id"]), float(f["since"]))
@@ -167,6 +175,41 @@ class HealthMemory:
         if len(loaded) != len(gpus):  # some were cleared by a reset: say so in the store
             self._save()
 
+    def _load_resets(self, resets: object) -> None:
+        """Merge the reset times read back (newest 16 per GPU, none from the future)."""
+        if not isinstance(resets, dict):
+            return
+        now = self.clock()
+        for uuid, times in list(resets.items())[:MAX_GPUS]:
+            if not isinstance(uuid, str) or not isinstance(times, list):
+                continue
+            ok = [float(t) for t in times[-_MAX_RESETS:] if isinstance(t, int | float)
+                  and not isinstance(t, bool) and 0 <= t <= now]  # fmt: skip
+            merged = sorted(set(self.resets.get(uuid, [])) | set(ok))[-_MAX_RESETS:]
+            if merged:
+                self.resets[uuid] = merged
+
+    def record_reset(self, uuid: str) -> None:
+        """A reset of the GPU ran (whatever came of it); saved with the record."""
+        with self._lock:
+            times = self.resets.setdefault(uuid, [])
+            times.append(round(self.clock(), 3))
+            del times[:-_MAX_RESETS]
+            self._save()
+
+    def resets_within(self, uuid: str, seconds: float) -> int:
+        with self._lock:
+            since = self.clock() - seconds
+            return sum(1 for t in self.resets.get(uuid, ()) if t >= since)
+
+    def clear(self, uuid: str) -> bool:
+        """Forget the GPU's sticky fault: a reset proved it gone. True if one was kept."""
+        with self._lock:
+            if self.faults.pop(uuid, None) is None:
+                return False
+            self._save()
+            return True
+
     def apply(self, samples: Sequence[GpuSample]) -> tuple[GpuSample, ...]:
         with self._lock:
             return self._apply(samples)
@@ -192,13 +235,17 @@ class HealthMemory:
             self._save()
 
     def _save(self) -> None:
-        doc = {
+        doc: dict[str, Any] = {
             "version": _VERSION,
             "gpus": {
                 u: {"reason": f.reason, "boot_id": f.boot_id, "since": f.since}
                 for u, f in sorted(self.faults.items())
             },
         }
+        day_ago = self.clock() - 86400.0
+        resets = {u: [t for t in ts if t >= day_ago] for u, ts in sorted(self.resets.items())}
+        if any(resets.values()):  # older agents ignore the key
+            doc["resets"] = {u: ts for u, ts in resets.items() if ts}
         try:
             self.store.save(doc)
         except OSError as e:

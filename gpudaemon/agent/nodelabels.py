@@ -121,6 +121,23 @@ class NodeLabelSink(LeaseHeartbeat):
         """Every view of our Node from the watch (None: it is gone). A new UID, or our
         labels, annotation or condition changed under us, is due for kube-retry at once
         (within a second) instead of at the next Lease renewal."""
+        self._observe(node)
+        if node is not None:
+            for tell in self.node_observers:
+                tell(node)
+
+    def remove_annotation(self, key: str, value: str) -> None:
+        """Remove one annotation if it still holds `value` (a JSON patch with a test:
+        a newer value written meanwhile stays). KubeError when the write fails."""
+        path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+        ops = [{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}]
+        try:
+            self.client.json_patch_node(self.node, ops)
+        except KubeError as e:
+            if e.status not in (409, 422):  # changed or gone meanwhile: nothing to remove
+                raise
+
+    def _observe(self, node: Mapping[str, Any] | None) -> None:
         with self._lock:
             self._view = node
             if node is None:

@@ -120,6 +120,9 @@ class NodeSinkState:
         # Called with the Node whenever a reconcile reads it in full (the agent seeds
         # its fault record from it when the read at start-up failed).
         self.on_read: Callable[[Mapping[str, Any]], None] | None = None
+        # Told of every view of the Node the watch brings (the GPU reset reads its
+        # grant there), outside the sink's lock.
+        self.node_observers: list[Callable[[Mapping[str, Any]], None]] = []
         self._lock = threading.Lock()
         # GPU-sharing labels (labels/sharing.py) that another manager set on the Node:
         # theirs, never taken over (with the `nvidia.com/` prefix the device plugin's

@@ -6,11 +6,14 @@ runs, with the library modules only."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from gpudaemon.agent.cache import Cache
 from gpudaemon.agent.healthlog import HealthLog
 from gpudaemon.agent.healthmemory import HealthMemory
 from gpudaemon.backends import Backend
 from gpudaemon.health.verdict import HealthJudge
+from gpudaemon.model import GpuSample
 
 
 class Poller:
@@ -22,6 +25,8 @@ class Poller:
         self.health_memory = health_memory
         self.health_log = HealthLog()  # one line when a GPU fault starts, one when it ends
         self.health_judge = HealthJudge()  # the verdict rows that need history (rates)
+        # Last, the GPU reset's view (remediation.reset_gpu): in reset, or escalated.
+        self.remediation: Callable[[Sequence[GpuSample]], tuple[GpuSample, ...]] | None = None
 
     def inventory(self) -> None:
         self.cache.put_inventory(self.backend.inventory())
@@ -32,6 +37,8 @@ class Poller:
         samples = self.health_judge.apply(self.backend.sample())
         if self.health_memory is not None:  # sticky faults survive a restart
             samples = self.health_memory.apply(samples)
+        if self.remediation is not None:
+            samples = self.remediation(samples)
         self.health_log.observe(self.cache.put_samples(samples).samples)
 
     def health_counters(self) -> None:

@@ -7,6 +7,7 @@ from typing import Protocol
 
 from gpudaemon.health.xid import APPLICATION_XIDS, xid_rule
 from gpudaemon.model import GpuSample, NodeInventory
+from gpudaemon.remediation.nvsmi import ToolResult
 
 __all__ = ["APPLICATION_XIDS"]  # re-exported: the XID table lives in health/xid.py
 
@@ -135,6 +136,11 @@ class Backend(Protocol):
     def subscribe(self, listener: Callable[[int, int], None]) -> None:
         """Call `listener(index, xid)` for every XID when the driver reports it (NVML's
         event set; the simulator's of the same API), not at the next poll."""
+        ...
+
+    def reset_gpu(self, index: int, tool: str, timeout_s: float) -> ToolResult:
+        """Reset one GPU with the host driver's `tool` (nvidia-smi), letting go of it
+        meanwhile; never raises. The next samples read the GPU afresh."""
         ...
 
     def boot_id(self) -> str:

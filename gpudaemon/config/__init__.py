@@ -32,6 +32,7 @@ from gpudaemon.config.files import check_files, influx_token
 from gpudaemon.config.loading import load_config, load_settings
 from gpudaemon.config.programs import PROGRAMS, Config, StatusSettings
 from gpudaemon.config.rebalancer import RebalanceConfig, RebalancerSettings
+from gpudaemon.config.remediation import RemediationConfig
 from gpudaemon.config.sections import (
     DraConfig,
     KubernetesConfig,
@@ -74,6 +75,7 @@ __all__ = [
     "PluginsConfig",
     "RebalanceConfig",
     "RebalancerSettings",
+    "RemediationConfig",
     "Schedules",
     "ScorePluginConfig",
     "StatusSettings",

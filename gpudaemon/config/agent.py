@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from gpudaemon.config.files import influx_token
+from gpudaemon.config.remediation import RemediationConfig
 from gpudaemon.config.sections import (
     DraConfig,
     KubernetesConfig,
@@ -176,6 +177,7 @@ class AgentFields(NodeFields):
     kubernetes: KubernetesConfig = KubernetesConfig()
     health: HealthConfig = HealthConfig()
     dra: DraConfig = DraConfig()
+    remediation: RemediationConfig = RemediationConfig()
     logging: LoggingConfig = LoggingConfig.model_validate({})
 
     @model_validator(mode="after")

@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field
 
 from gpudaemon.config.extender import ExtenderConfig
+from gpudaemon.config.remediation import RemediationConfig
 from gpudaemon.config.sections import (
     DraConfig,
     KubernetesConfig,
@@ -93,4 +94,6 @@ class RebalancerSettings(_Program):
     rebalance: RebalanceConfig = RebalanceConfig()
     # On: also drain pods that hold a sick GPU through an allocated ResourceClaim.
     dra: DraConfig = DraConfig()
+    # On (and --apply): grant GPU resets, within the fleet's limits.
+    remediation: RemediationConfig = RemediationConfig()
     logging: LoggingConfig = LoggingConfig.model_validate({})

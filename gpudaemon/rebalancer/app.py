@@ -54,8 +54,10 @@ from gpudaemon.rebalancer.planner import (
     pod_facts,
 )
 from gpudaemon.rebalancer.ratelimit import RateLimit
+from gpudaemon.rebalancer.resets import GrantWatch, ResetGrants
 from gpudaemon.rebalancer.state import STATE_ANNOTATION, LeaseState
 from gpudaemon.rebalancer.wake import SickWatch
+from gpudaemon.remediation.grant import GRANT_ANNOTATION
 from gpudaemon.selector import selector_matcher
 
 LEASE_NAME = REBALANCER_LEASE
@@ -68,6 +70,13 @@ GRACE_MARGIN_S = 0.01
 # Drain-only passes start at least this long after the last pass: a burst of verdicts
 # (a rack losing power) is a few passes a second, not one per Node event.
 DRAIN_GAP_S = 0.25
+# While a GPU waits for its reset: a drain pass this often (its holders' deletions are
+# pod events, which do not wake the loop).
+RESET_POLL_S = 1.0
+
+
+def cordoned(nodes: Mapping[str, NodeFacts]) -> frozenset[str]:
+    return frozenset(n for n, f in nodes.items() if f.unschedulable)
 
 
 class Rebalancer:
@@ -132,6 +141,17 @@ class Rebalancer:
         # Set by the Node watch when a GPU newly needs a drain, and by close().
         self.wake = threading.Event()
         self.sick_watch = SickWatch(self.gpus_key, self.wake)
+        # GPU resets in place (remediation.reset_gpu): the grants on the Nodes.
+        self.grant_watch = GrantWatch(cfg.labels.prefix + GRANT_ANNOTATION)
+        if cfg.remediation.reset_gpu:
+            rem = cfg.remediation
+            self.passes.resets = ResetGrants(
+                rem, self.rb.dry_run, client, self.grant_watch,
+                count=lambda result: self.metrics.resets.labels(result).inc(),
+                breaker=lambda is_open: self.metrics.reset_breaker_open.set(1 if is_open else 0),
+                checkpoint=self.elector.checkpoint, wall=wall,
+            )  # fmt: skip
+            self.passes.reset_grace_s = rem.drain_grace_s
         cap = cfg.kubernetes.backoff_max_seconds
         c = self.cluster
         self.reflectors = [
@@ -177,10 +197,12 @@ class Rebalancer:
 
     def _nodes_replace(self, items: list[dict[str, Any]]) -> None:
         self.cluster.replace_nodes(items)
+        self.grant_watch.replace(items)
         self.sick_watch.replace(items)  # after: a drain pass it wakes sees the nodes
 
     def _node_event(self, kind: str, obj: dict[str, Any]) -> None:
         self.cluster.node_event(kind, obj)
+        self.grant_watch.node_event(kind, obj)
         self.sick_watch.node_event(kind, obj)
 
     def _parse(self, obj: Mapping[str, Any]) -> PodFacts | None:
@@ -225,7 +247,8 @@ class Rebalancer:
         """A drain-only pass (the leader only), counted and timed as a pass."""
         self.metrics.passes.inc()
         with self.metrics.pass_seconds.time():
-            _, gpu_states, running = self.facts()
+            nodes, gpu_states, running = self.facts()
+            self.passes.cordoned = cordoned(nodes)
             fresh = self.cluster.freshness(gpu_states)
             blocked = self.passes.drain_pass(gpu_states, running, fresh)
         self.metrics.blocked.set(blocked)
@@ -245,6 +268,7 @@ class Rebalancer:
         with self._lock:
             pending = sorted(self.pending.values(), key=lambda p: (-p.priority, p.key))
         snap = self.cluster.snapshot(list(nodes))
+        self.passes.cordoned = cordoned(nodes)
         blocked = self.passes.run(nodes, gpu_states, running, pending, snap.states, snap.fresh)
         self.metrics.blocked.set(blocked)
 
@@ -306,12 +330,21 @@ class Rebalancer:
 
     def _grace_end(self, last_pass: float, next_pass: float) -> float | None:
         """When (monotonic) a sick GPU's grace runs out, if before the next regular
-        pass: its drain then is not an interval late. The grace clocks are wall times."""
-        left = self.state.grace_left(self.rb.grace_s)
-        if left is None:
-            return None
-        at = max(self.clock() + left + GRACE_MARGIN_S, last_pass + DRAIN_GAP_S)
-        return at if at < next_pass else None
+        pass: its drain then is not an interval late. The grace clocks are wall times.
+        While a GPU waits for its reset (its holders going, a grant out), every
+        RESET_POLL_S."""
+        resets = self.passes.resets
+        grace = self.rb.grace_s
+        if resets is not None:
+            grace = min(grace, self.cfg.remediation.drain_grace_s)
+        left = self.state.grace_left(grace)
+        at = None
+        if left is not None:
+            at = max(self.clock() + left + GRACE_MARGIN_S, last_pass + DRAIN_GAP_S)
+        if resets is not None and resets.waiting:
+            poll = last_pass + RESET_POLL_S
+            at = poll if at is None else min(at, poll)
+        return at if at is not None and at < next_pass else None
 
     def _sleep(self, seconds: float) -> None:
         """Until `seconds` pass, a wake, or a stop, whichever comes first (on the real

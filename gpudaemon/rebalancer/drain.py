@@ -5,7 +5,7 @@ the grace period, on nodes whose agent data is fresh; never `watch` (degraded)."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from gpudaemon.labels.annotations import GpuState
@@ -72,18 +72,27 @@ def drain(
     pods: Mapping[str, PodFacts],
     fresh: Mapping[str, bool],
     grace_s: float,
+    *,
+    grace_by_action: Mapping[str, float] | None = None,
+    cordoned: Container[str] | None = None,
 ) -> list[Decision]:
     """`sick`: every GPU whose action needs a drain (`SickGpu.of`). Its holders go, and
     for `reboot_node` every pod of the node that asks for GPUs (the reboot takes them
     all, and the agent's holders may not list each). Pods on stale nodes and before the
-    grace period are left; a pod is judged once, for the first GPU that names it."""
+    grace period are left; a pod is judged once, for the first GPU that names it.
+
+    With remediation on (`cordoned` given), `reboot_node` takes the other GPUs' pods only
+    once the node is cordoned, the sign that whatever reboots it has taken it; until
+    then the healthy GPUs keep working. `grace_by_action` overrides the grace per action
+    (a GPU that a reset will follow is drained sooner)."""
     out: list[Decision] = []
     seen: set[str] = set()
     by_node: dict[str, list[str]] | None = None
     for gpu in sick:
         node, action = gpu.node, gpu.action
         holders: Iterable[str] = gpu.holders
-        if action == "reboot_node":
+        whole_node = action == "reboot_node" and (cordoned is None or node in cordoned)
+        if whole_node:
             if by_node is None:
                 by_node = {}
                 for key, p in pods.items():
@@ -96,12 +105,13 @@ def drain(
                 continue  # gone, judged, going, or the annotation is older than the move
             seen.add(key)
             what = f"GPU {gpu.index} on {node} needs {action} ({gpu.reason})"
-            if action == "reboot_node":
+            if whole_node:
                 what += ": every GPU pod of the node goes"
+            grace = (grace_by_action or {}).get(action, grace_s)
             if not fresh.get(node, False):
                 msg = f"{what}, but the agent data is stale"
                 out.append(Decision(pod, "drain", "stale", msg, False, action))
-            elif gpu.for_s < grace_s:
+            elif gpu.for_s < grace:
                 continue  # not yet: no event for every pass of the grace period
             elif not pod.owned:
                 msg = f"{what}; not evicted: a bare pod (no controller would re-create it)"

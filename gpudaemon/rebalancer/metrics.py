@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpudaemon.rebalancer.drain import DRAIN_ACTIONS
 from gpudaemon.rebalancer.planner import Decision
+from gpudaemon.rebalancer.resets import RESULTS as RESET_RESULTS
 
 RESULTS = ("planned", "done", "refused_pdb", "failed")
 SKIPS = ("bare_pod", "stale", "rate_limited", "refused_pdb", "api_error", "max_reservations")
@@ -62,6 +63,23 @@ class RebalancerMetrics:
             "1 when it only logs and emits Events.",
             registry=registry,
         )
+        self.resets = Counter(
+            "gpudaemon_rebalancer_resets",
+            "GPU reset grants (remediation.reset_gpu) by result: granted, planned (dry "
+            "run), expired (the agent did not answer within remediation.grant_ttl_s), "
+            "failed (the Node write failed); a GPU ready for a reset but held back, "
+            "counted at most every 10 min per GPU: concurrency (remediation.max_concurrent), "
+            "breaker_open, window_closed.",
+            ["result"],
+            registry=registry,
+        )
+        self.reset_breaker_open = Gauge(
+            "gpudaemon_rebalancer_reset_breaker_open",
+            "1 while GPU resets are held back because more than "
+            "remediation.max_unhealthy_fraction of the fleet's GPUs turned unhealthy within "
+            "remediation.window_s.",
+            registry=registry,
+        )
         self.passes = Counter(
             "gpudaemon_rebalancer_passes", "Passes run while leading.", registry=registry
         )
@@ -82,6 +100,8 @@ class RebalancerMetrics:
         for a in DRAIN_ACTIONS:
             for r in RESULTS:
                 self.drains.labels(a, r)
+        for r in RESET_RESULTS:
+            self.resets.labels(r)
 
     def evicted(self, d: Decision, result: str) -> None:
         self.evictions.labels(d.kind, result).inc()

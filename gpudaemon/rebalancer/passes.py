@@ -26,6 +26,7 @@ from gpudaemon.rebalancer.actions import Actions
 from gpudaemon.rebalancer.drain import drain, with_claim_holders
 from gpudaemon.rebalancer.metrics import RebalancerMetrics
 from gpudaemon.rebalancer.planner import Decision, NodeFacts, Placer, PodFacts, defragment
+from gpudaemon.rebalancer.resets import ResetGrants
 from gpudaemon.rebalancer.state import LeaseState
 
 # An evicted pod is not evicted again for this long: drain passes can now follow each
@@ -64,6 +65,11 @@ class Pass:
         # not: a drain-only pass replaces the first and keeps the second for the gauge.
         self.blocked_drain = self.blocked_defrag = 0
         self.evicted_at: dict[str, float] = {}  # pod UID -> when this replica evicted it
+        # With remediation.reset_gpu: the reset grants, and the cordoned nodes (set by
+        # the caller each pass: a reboot_node drain takes the whole node only then).
+        self.resets: ResetGrants | None = None
+        self.cordoned: frozenset[str] = frozenset()
+        self.reset_grace_s = 0.0
 
     def run(
         self, nodes: Mapping[str, NodeFacts], gpu_states: Mapping[str, list[GpuState]],
@@ -108,7 +114,14 @@ class Pass:
         now = self.clock()
         self.evicted_at = {u: t for u, t in self.evicted_at.items() if now - t < EVICTED_HOLD_S}
         blocked = 0
-        for d in drain(sick, running, fresh, self.rb.grace_s):
+        resets = self.resets
+        if resets is None:
+            decisions = drain(sick, running, fresh, self.rb.grace_s)
+        else:
+            reset_grace = {"reset_gpu": self.reset_grace_s}
+            decisions = drain(sick, running, fresh, self.rb.grace_s, cordoned=self.cordoned,
+                              grace_by_action=reset_grace)  # fmt: skip
+        for d in decisions:
             if d.pod.uid in self.evicted_at:
                 continue  # evicted a moment ago; the pod watch has not shown it going yet
             if not d.evict:
@@ -120,6 +133,9 @@ class Pass:
                 continue
             if not self._evict(d, self.limits.allows(d.pod.node)):
                 blocked += 1
+        if resets is not None:
+            total = sum(len(g) for g in gpu_states.values())
+            resets.run(sick, running, fresh, total, self.state.unhealthy_since)
         return blocked
 
     def _defragment(

@@ -101,15 +101,20 @@ ALLOWED: dict[str, set[str]] = {
     # health signals' values (health/signals.py, health/verdict.py)
     "root": {"labels", "health"},
     "health": {"root"},  # signal -> state -> action tables: pure, read by backends and agent
-    "backends": {"root", "health"},
+    # the reset tool's result (remediation/nvsmi.py): every backend resets a GPU
+    "backends": {"root", "health", "remediation"},
+    # resetting a GPU in place: the grant and the tool, shared by agent and rebalancer
+    "remediation": {"root", "labels", "kube"},
     "labels": {"root"},
     "kube": {"root"},
     "history": {"root"},
     "podresources": {"root"},
     "cluster": {"root", "labels", "kube"},
-    "agent": {"root", "backends", "health", "labels", "kube", "history", "podresources"},
+    "agent": {
+        "root", "backends", "health", "labels", "kube", "history", "podresources", "remediation",
+    },
     "extender": {"root", "labels", "kube", "cluster"},
-    "rebalancer": {"root", "labels", "kube", "cluster"},
+    "rebalancer": {"root", "labels", "kube", "cluster", "remediation"},
     "status": {"root", "labels", "kube", "cluster"},
     # cli's --help names what the registries hold: profiles (backends), policies (cluster)
     "cli": {"root", "backends", "labels", "kube", "cluster", *PROGRAM_LAYERS},

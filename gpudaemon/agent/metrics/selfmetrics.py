@@ -56,6 +56,31 @@ class AgentMetrics:
             registry=registry,
             buckets=_POLL_BUCKETS,
         )
+        # GPU resets (remediation.reset_gpu): bounded by the node's GPUs x 4 results.
+        self.gpu_resets = Counter(
+            "gpudaemon_gpu_resets",
+            "GPU resets the rebalancer granted, by GPU and result: success (healthy for "
+            "remediation.settle_s after it), failed (the tool failed, or the fault came "
+            "back), skipped_busy (a pod or process held the GPU), blocked (not resettable "
+            "now: lost, not alone, attempts spent).",
+            ["gpu", "uuid", "result"],
+            registry=registry,
+        )
+        self.gpu_reset_seconds = Histogram(
+            "gpudaemon_gpu_reset_seconds",
+            "From the start of a GPU reset to its result: the tool's run and the settle "
+            "period, by result.",
+            ["result"],
+            registry=registry,
+            buckets=(1, 2.5, 5, 10, 15, 20, 30, 45, 60, 90, 120, 300, 600),
+        )
+        self.gpu_reset_escalated = Gauge(
+            "gpudaemon_gpu_reset_escalated",
+            "1 while a GPU's resets are spent (remediation.max_attempts in 24 h) and its "
+            "action is escalated to reboot_node.",
+            ["gpu", "uuid"],
+            registry=registry,
+        )
         self.node_writes = Counter(
             "gpudaemon_node_writes",
             "Writes of the agent's labels/annotations, by result.",

@@ -19,6 +19,7 @@ from gpudaemon.backends.xidevents import XidListener, XidListeners, xid_event_lo
 from gpudaemon.errors import BackendError, NvmlUnavailableError
 from gpudaemon.logsetup import LogLimiter
 from gpudaemon.model import GpuInfo
+from gpudaemon.remediation import nvsmi
 
 # A first read at least this slow is logged (the energy counter: ~3.9 ms on an H100).
 SLOW_CALL_S = 0.001
@@ -148,6 +149,38 @@ class NvmlLibrary:
                 except self._nvml.NVMLError as e:
                     logger.debug("nvmlShutdown: {}", e)
                 self._initialised = False
+
+    def reset_gpu(self, index: int, tool: str, timeout_s: float) -> nvsmi.ToolResult:
+        """Run the reset with NVML shut down: to the tool, an open NVML client (the
+        event set above all) uses the GPU. Polling of every GPU waits meanwhile; NVML
+        comes back with the next call (the event thread with it). The GPU's own counts
+        (XIDs seen, lost, the health fields) start again after a good reset."""
+        info = self._infos.get(index)
+        if info is None:
+            return nvsmi.ToolResult(False, False, None, f"GPU {index} is not in the inventory")
+        self._stop.set()
+        if self._xid_thread is not None:
+            self._xid_thread.join(timeout=3)
+        with self._lock:
+            if self._initialised:
+                for i in {k[0] for k in self._gpm}:
+                    self._gpm_free(i)
+                try:
+                    self._nvml.nvmlShutdown()
+                except self._nvml.NVMLError as e:
+                    logger.debug("nvmlShutdown: {}", e)
+                self._initialised = False
+            self._xid_thread, self._stop = None, threading.Event()
+            result = nvsmi.reset(tool, info.uuid, timeout_s)
+            if result.ok:
+                with self._xid_lock:
+                    self._xids.pop(index, None)
+                    self._first_critical_xid.pop(index, None)
+                self._lost.discard(index)
+                self._health.pop(index, None)
+                self._recovery_changed.discard(index)
+                self._gpm_support.pop(index, None)
+        return result
 
     # -- error mapping -----------------------------------------------------------
 

@@ -16,12 +16,17 @@ from gpudaemon.backends import migprofiles
 from gpudaemon.backends.base import ENERGY_CALLS, GPM_CALLS, GPM_MIG_CALLS, SAMPLE_CALLS
 from gpudaemon.backends.simulated.events import SimEventSet
 from gpudaemon.backends.simulated.faults import FaultSpec, fire_faults, record_xid
+from gpudaemon.backends.simulated.faults import reset as reset_state
 from gpudaemon.backends.simulated.profile import GpuSpec, Profile, mig_layout_error
 from gpudaemon.backends.simulated.readings import SimGpu, _cost_s, _health_cost_s, sample_gpu
 from gpudaemon.backends.xidevents import XidListener, XidListeners, xid_event_loop
 from gpudaemon.errors import ProfileError
 from gpudaemon.health import signals
 from gpudaemon.model import MIB, GpuInfo, GpuSample, MigDevice, NodeInventory
+from gpudaemon.remediation.nvsmi import EXIT_CODES, ToolResult
+
+# What a GPU reset takes on a simulated GPU (an H100's is a few seconds with the tool).
+SIM_RESET_S = 1.0
 
 
 def _spend(seconds: float, start: float | None = None) -> None:
@@ -215,6 +220,21 @@ class SimulatedBackend:
         self._stop.set()
         if self._event_thread is not None:
             self._event_thread.join(timeout=3)
+
+    def reset_gpu(self, index: int, tool: str, timeout_s: float) -> ToolResult:
+        """A reset as the tool gives it, on the simulated GPU (`faults.reset`); `tool`
+        is not run: the simulator is the driver here. A lost GPU does not come back."""
+        time.sleep(min(SIM_RESET_S, timeout_s))
+        with self._lock:
+            if not 0 <= index < len(self._gpus):
+                return ToolResult(False, False, 6, f"exit 6 ({EXIT_CODES[6]})")
+            g = self._gpus[index]
+            if g.lost:
+                return ToolResult(False, False, 15, f"exit 15 ({EXIT_CODES[15]})")
+            reset_state(g)
+            if self._events is not None:
+                self._events.kick()  # a persistent XID fault fires again now
+        return ToolResult(True, False, 0, f"GPU {g.info.pci_bus_id} was successfully reset.")
 
     # -- XID events --------------------------------------------------------------
 

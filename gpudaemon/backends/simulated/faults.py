@@ -63,6 +63,9 @@ class FaultSpec(_Strict):
     reasons: tuple[ClockEvent, ...] = ()
     after_s: Annotated[Number, Field(ge=0, le=1e9)] = 0.0
     after_polls: Annotated[Count, Field(ge=0)] = 0
+    # A fault a GPU reset does not fix (a part that is really broken): it fires again
+    # right after every reset, so the remediation loop must escalate.
+    persistent: Flag = False
 
     @model_validator(mode="after")
     def _fields_of_its_kind(self) -> FaultSpec:
@@ -128,6 +131,8 @@ def fire_faults(
         if elapsed < f.after_s or polls <= f.after_polls:
             pending.append(f)
             continue
+        if f.persistent:
+            g.persistent.append(f)
         if f.kind == "lost":
             g.lost = True
         elif f.kind == "xid":
@@ -152,3 +157,23 @@ def fire_faults(
         else:
             g.clock_events = frozenset(f.reasons)
     g.faults = pending
+
+
+def reset(g: SimGpu) -> None:
+    """What `nvidia-smi --gpu-reset` does to the GPU's state: the volatile XID and ECC
+    counts start again, a pending row remap takes effect (one more remapped row), the
+    driver's recovery actions that a reset answers end. A remap failure stays, and so
+    does every persistent fault: it is queued to fire again at once. (A lost GPU does
+    not reset at all: the caller refuses it.)"""
+    g.xids.clear()
+    g.first_critical_xid = None
+    g.ecc_corrected = g.ecc_uncorrected = 0
+    if g.remap_pending:
+        g.remap_pending = False
+        g.remapped_uncorrectable += 1
+    if g.recovery_action in ("gpu_reset", "drain_and_reset"):
+        g.recovery_action = "none"
+    g.gpm_primed = False  # the GPM buffers start over
+    again = [f.model_copy(update={"after_s": 0.0, "after_polls": 0}) for f in g.persistent]
+    g.persistent = []
+    g.faults.extend(again)

@@ -60,6 +60,7 @@ class SimGpu:
     nvlink: dict[int, dict[str, int]] = field(default_factory=dict)
     nvlink_adders: list[FaultSpec] = field(default_factory=list)  # fired nvlink_errors
     clock_events: frozenset[str] = frozenset()
+    persistent: list[FaultSpec] = field(default_factory=list)  # fired; a reset re-fires them
     clock_seconds: dict[str, float] = field(default_factory=dict)
     # GPM: whether a previous poll's sample exists (the first poll has no value), the
     # cost of the GPU's and of each GPU instance's GPM calls, the byte counters.
