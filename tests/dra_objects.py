@@ -3,6 +3,7 @@ Kubernetes write them: for unit tests, the integration rig's stand-in and bench.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 DRIVER = "gpu.nvidia.com"
@@ -41,7 +42,8 @@ def gpu_device(node: str, i: int, taints: list[dict[str, Any]] | None = None) ->
 
 def mig_device(node: str, gpu: int, n: int, profile: str = "1g.10gb") -> dict[str, Any]:
     return {
-        "name": f"gpu-{gpu}-mig-{profile}-{n}",
+        # a DNS label, as the API server requires of a device name
+        "name": f"gpu-{gpu}-mig-{re.sub(r'[^a-z0-9]+', '-', profile)}-{n}",
         "attributes": {
             "type": _s("mig"),
             "uuid": _s(f"MIG-{node}-{gpu}-{n}"),

@@ -9,13 +9,13 @@ they are read once and again only on a miss (a UUID or device we do not know), a
 most once per `reread_after_s`: a node without the driver costs one list per period,
 not one per lookup.
 
-Slices are another program's objects: each value is bounded and checked, a device
-without a usable name or UUID is skipped (and counted), never trusted.
+Slices are another program's objects, read by the parser the extender uses too
+(`kube/draslices.py`): each value is bounded and checked, a device without a usable
+name, `type` or UUID is skipped (and counted), never trusted.
 """
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -25,15 +25,12 @@ from typing import Any, Protocol
 from loguru import logger
 
 from gpudaemon.errors import KubeError
+from gpudaemon.kube.draslices import DRIVER, BadDraObject, gather_pools, parse_slice
 
-DRIVER = "gpu.nvidia.com"
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 # A ResourceSlice holds at most 128 devices (resource.k8s.io/v1 ResourceSliceMaxDevices);
 # a node with more than this many GPU and MIG devices is not a node.
 MAX_DEVICES = 4096
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-_POOL_MAX = 253  # a pool name: one or more DNS subdomains joined by '/'
 
 
 class SliceClient(Protocol):
@@ -53,65 +50,35 @@ class DraDevice:
     parent_uuid: str = ""  # a MIG device's GPU
 
 
-def _attr(attrs: Mapping[str, Any], key: str) -> str:
-    """A string attribute, named bare (the driver's own domain) or qualified."""
-    for k in (key, f"{DRIVER}/{key}"):
-        v = attrs.get(k)
-        if isinstance(v, Mapping) and isinstance(v.get("string"), str):
-            return str(v["string"])
-    return ""
-
-
 def parse_slices(slices: list[dict[str, Any]], node: str) -> tuple[list[DraDevice], int]:
-    """Our driver's devices on `node` (the newest generation of each pool), and how
-    many entries were skipped as unusable."""
-    newest: dict[str, int] = {}
-    mine: list[tuple[str, int, list[Any]]] = []
+    """Our driver's GPU and MIG devices on `node`, by the rule every program shares
+    (`kube/draslices.py`: the newest generation of each pool, once complete; a device
+    is a GPU or MIG device only by its `type`), and how many entries were skipped as
+    unusable (a malformed slice or device, one with no `type` or no UUID)."""
+    parsed = []
+    skipped = 0
     for s in slices:
-        spec = s.get("spec")
+        spec = s.get("spec") if isinstance(s, Mapping) else None
         if not isinstance(spec, Mapping) or spec.get("driver") != DRIVER:
             continue
         if spec.get("nodeName") != node:
             continue
-        pool = spec.get("pool")
-        name = pool.get("name") if isinstance(pool, Mapping) else None
-        gen = pool.get("generation") if isinstance(pool, Mapping) else None
-        if not isinstance(name, str) or not 0 < len(name) <= _POOL_MAX:
+        try:
+            one = parse_slice(s)
+        except BadDraObject:
+            skipped += 1
             continue
-        gen = gen if isinstance(gen, int) else 0
-        newest[name] = max(newest.get(name, gen), gen)
-        devices = spec.get("devices")
-        mine.append((name, gen, devices if isinstance(devices, list) else []))
+        if one is not None:
+            parsed.append(one)
+            skipped += one.skipped
     out: list[DraDevice] = []
-    skipped = 0
-    for pool_name, gen, devices in mine:
-        if gen != newest[pool_name]:
-            continue  # an older generation the driver has not deleted yet
+    for pool, devices in gather_pools(parsed).items():
         for d in devices:
-            if len(out) >= MAX_DEVICES:
+            if len(out) >= MAX_DEVICES or not d.kind or not d.uuid:
                 skipped += 1
                 continue
-            dev = _device(pool_name, d)
-            if dev is None:
-                skipped += 1
-            else:
-                out.append(dev)
+            out.append(DraDevice(pool, d.name, d.uuid, d.kind, d.parent_uuid))
     return out, skipped
-
-
-def _device(pool: str, d: Any) -> DraDevice | None:
-    if not isinstance(d, Mapping):
-        return None
-    name = d.get("name")
-    attrs = d.get("attributes")
-    if not isinstance(name, str) or not _DNS_LABEL.match(name) or not isinstance(attrs, Mapping):
-        return None
-    uuid = _attr(attrs, "uuid")
-    if not _UUID.match(uuid):
-        return None
-    kind = _attr(attrs, "type") or "gpu"
-    parent = _attr(attrs, "parentUUID")
-    return DraDevice(pool, name, uuid, kind, parent if _UUID.match(parent) else "")
 
 
 class SliceIndex:

@@ -1,6 +1,8 @@
 """Reading Dynamic Resource Allocation objects (resource.k8s.io/v1) into our own values:
-ResourceSlices, ResourceClaims (and the requests of ResourceClaimTemplates),
-DeviceClasses and DeviceTaintRules. Pure: no client, no state; `drastate.py` keeps them.
+ResourceClaims (and the requests of ResourceClaimTemplates), DeviceClasses and
+DeviceTaintRules; ResourceSlices through the one parser every program shares
+(`kube/draslices.py`: newest complete generation of a pool only, and what a device
+is). Pure: no client, no state; `drastate.py` keeps them.
 
 Only NVIDIA's driver (`gpu.nvidia.com`, kubernetes-sigs/dra-driver-nvidia-gpu 0.4.x) is
 understood: devices `gpu-<minor>` with attribute `type` "gpu", and MIG devices with
@@ -19,11 +21,19 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-DRIVER = "gpu.nvidia.com"
-# resource.k8s.io/v1's own limits (ResourceSliceMaxDevices, DeviceRequestsMax,
-# AllocationResultsMaxSize, DeviceSelectorsMaxSize, ResourceClaimReservedForMaxSize),
-# so no object the API server accepts is refused, and none is unbounded.
-MAX_DEVICES = 128
+# The one ResourceSlice parser and pool rule, shared with the agent (kube/draslices.py).
+from gpudaemon.kube.draslices import DRIVER as DRIVER
+from gpudaemon.kube.draslices import MAX_DEVICES as MAX_DEVICES
+from gpudaemon.kube.draslices import TAINT_EFFECTS
+from gpudaemon.kube.draslices import BadDraObject as BadDraObject
+from gpudaemon.kube.draslices import Device as Device
+from gpudaemon.kube.draslices import Slice as Slice
+from gpudaemon.kube.draslices import gather_pools as gather_pools
+from gpudaemon.kube.draslices import parse_slice as parse_slice
+
+# resource.k8s.io/v1's own limits (DeviceRequestsMax, AllocationResultsMaxSize,
+# DeviceSelectorsMaxSize, ResourceClaimReservedForMaxSize), so no object the API
+# server accepts is refused, and none is unbounded.
 MAX_REQUESTS = 32
 MAX_SUBREQUESTS = 8
 MAX_RESULTS = 32
@@ -32,7 +42,6 @@ MAX_RESERVED_FOR = 256
 MAX_CEL_CHARS = 10 * 1024
 MAX_TEXT = 253
 MAX_COUNT = 1024  # devices one request asks for; more is beyond any node
-TAINT_EFFECTS = ("NoSchedule", "NoExecute")  # what keeps a new claim off a device
 
 # Why a claim gets no opinion: gpudaemon_extender_dra_claims_not_understood_total{reason}.
 NOT_UNDERSTOOD = (
@@ -49,39 +58,6 @@ NOT_UNDERSTOOD = (
     "missing",  # the pod's claim (and template) are not in the cache
     "other_driver",  # a request for another driver's devices: counts nothing here
 )
-
-
-class BadDraObject(ValueError):
-    """An object of the wrong shape or over a cap; `reason` is one short line."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-@dataclass(frozen=True, slots=True)
-class Device:
-    """One device of NVIDIA's driver in a slice."""
-
-    name: str
-    kind: str  # "gpu", "mig", or "" (another type: not counted)
-    uuid: str = ""
-    profile: str = ""  # MIG only
-    parent_uuid: str = ""  # MIG only: the GPU it is carved from
-    tainted: bool = False  # a NoSchedule/NoExecute taint in the slice itself
-    no_execute: bool = False
-
-    @property
-    def gpu_uuid(self) -> str:
-        """The physical GPU's UUID (the agent's `gpus` annotation is keyed by it)."""
-        return self.parent_uuid if self.kind == "mig" else self.uuid
-
-
-@dataclass(frozen=True, slots=True)
-class Slice:
-    node: str
-    pool: str
-    devices: tuple[Device, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,56 +152,6 @@ def _meta(obj: object) -> tuple[str, str, str]:
     if not name:
         raise BadDraObject("no metadata.name")
     return _text(meta.get("namespace"), "metadata.namespace"), name, _text(meta.get("uid"), "uid")
-
-
-def _attr(attrs: Mapping[str, object], name: str) -> str:
-    """A string attribute, by its bare or driver-qualified name; "" when absent."""
-    for key in (name, f"{DRIVER}/{name}"):
-        v = attrs.get(key)
-        if v is not None:
-            return _text(_obj(v, f"attribute {name}").get("string"), f"attribute {name}")
-    return ""
-
-
-# -- ResourceSlice ---------------------------------------------------------------------
-
-
-def parse_slice(obj: object) -> Slice | None:
-    """The slice's NVIDIA devices, or None for another driver's or a slice not local to
-    one node (network-attached devices are not ours to count)."""
-    _meta(obj)
-    spec = _obj(_obj(obj, "slice").get("spec"), "spec")
-    if spec.get("driver") != DRIVER:
-        return None
-    node = _text(spec.get("nodeName"), "spec.nodeName")
-    pool = _text(_obj(spec.get("pool"), "spec.pool").get("name"), "spec.pool.name")
-    if not node or not pool:
-        return None
-    if pool != node:
-        # NVIDIA's driver names each node's pool after the node. Any other name would
-        # let one node's slice speak for another node's pool (its allocations, its
-        # taint rules), so such a slice is refused, not trusted.
-        raise BadDraObject(f"pool {pool[:64]!r} is not named after its node {node[:64]!r}")
-    devices = []
-    for d in _list(spec.get("devices"), "spec.devices", MAX_DEVICES):
-        d = _obj(d, "a device")
-        name = _text(d.get("name"), "device name")
-        attrs = _obj(d.get("attributes"), "device attributes")
-        kind = _attr(attrs, "type")
-        taints = [_obj(t, "a taint") for t in _list(d.get("taints"), "taints", 16)]
-        effects = {t.get("effect") for t in taints}
-        devices.append(
-            Device(
-                name,
-                kind if kind in ("gpu", "mig") else "",
-                _attr(attrs, "uuid"),
-                _attr(attrs, "profile"),
-                _attr(attrs, "parentUUID"),
-                bool(effects & set(TAINT_EFFECTS)),
-                "NoExecute" in effects,
-            )
-        )
-    return Slice(node, pool, tuple(devices))
 
 
 # -- CEL ---------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from gpudaemon.cluster.dra import (
     Match,
     Slice,
     TaintRule,
+    gather_pools,
     merge,
     parse_claim,
     parse_class,
@@ -239,11 +240,12 @@ class DraState:
     # -- reads ---------------------------------------------------------------------
 
     def devices(self, node: str) -> Iterable[tuple[str, Device]]:
-        """(pool, device) of the node's NVIDIA devices."""
-        for name in self._node_slices.get(node, ()):
-            s = self.slices[name]
-            for d in s.devices:
-                yield s.pool, d
+        """(pool, device) of the node's NVIDIA devices: of the pools kube-scheduler
+        allocates from (`gather_pools`: the newest generation, once complete)."""
+        pools = gather_pools(self.slices[n] for n in self._node_slices.get(node, ()))
+        for pool, devices in pools.items():
+            for d in devices:
+                yield pool, d
 
     def taint(self, pool: str, d: Device) -> tuple[bool, bool]:
         """(tainted NoSchedule or NoExecute, NoExecute), from the slice and the rules."""

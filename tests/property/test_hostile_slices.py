@@ -30,8 +30,9 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 def real_slice(devices: Any) -> dict[str, Any]:
-    return {"spec": {"driver": DRIVER, "nodeName": NODE, "devices": devices,
-                     "pool": {"name": NODE, "generation": 1}}}  # fmt: skip
+    return {"metadata": {"name": f"{NODE}-{DRIVER}"},
+            "spec": {"driver": DRIVER, "nodeName": NODE, "devices": devices,
+                     "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1}}}  # fmt: skip
 
 
 @settings(max_examples=300, deadline=None)

@@ -256,8 +256,17 @@ def test_hostile_slices_are_skipped_and_counted() -> None:
     devices, skipped = parse_slices([slice_([good, *bad]), other_driver, old_gen, {}], NODE)
     assert [d.name for d in devices] == ["gpu-0"]
     assert skipped == len(bad)
-    qualified = {"name": "gpu-5", "attributes": {f"{DRIVER}/uuid": {"string": "GPU-5"}}}
+    qualified = {"name": "gpu-5", "attributes": {f"{DRIVER}/uuid": {"string": "GPU-5"},
+                                                 f"{DRIVER}/type": {"string": "gpu"}}}  # fmt: skip
     assert parse_slices([slice_([qualified])], NODE)[0][0].uuid == "GPU-5"
+
+
+def test_a_device_without_a_type_is_no_gpu_to_the_agent_either() -> None:
+    """The one rule (kube/draslices.py): no `type` attribute, not a GPU; the extender
+    does not count it, and the agent neither taints nor attributes it."""
+    untyped = {"name": "gpu-6", "attributes": {"uuid": {"string": "GPU-6"}}}
+    devices, skipped = parse_slices([slice_([dev("gpu-0", "GPU-0"), untyped])], NODE)
+    assert [d.name for d in devices] == ["gpu-0"] and skipped == 1
 
 
 def test_claim_devices_resolve_to_gpu_and_mig_uuids_for_attribution() -> None:

@@ -9,11 +9,17 @@
 2. A running Deployment pod holds a GPU through its claim; that GPU gets XID 79 on its
    agent: the rebalancer (dra on) asks the eviction API, a PDB refuses it, and once the
    PDB goes the pod is evicted and replaced.
+3. A node's pool published in two generations (the driver republishing it) counts
+   once, as kube-scheduler counts it: the extender's /filter does not pass a 9-GPU
+   claim on that 8-GPU node, and an 8-GPU claim pod binds there.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import threading
+import urllib.request
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -34,9 +40,10 @@ EVICTIONS = "gpudaemon_rebalancer_evictions_total"
 NODES = ["dra-a", "dra-b", "dra-c", "dra-d"]
 
 
-def publish_slice(rig: RebalanceRig, node: str) -> dict[str, int]:
+def publish_slice(rig: RebalanceRig, node: str, generation: int = 1) -> dict[str, int]:
     """The node's ResourceSlice as NVIDIA's driver writes it, from its agent's GPUs;
-    returns device name -> GPU index."""
+    returns device name -> GPU index. A later `generation` is a second slice beside
+    the first, as while the driver replaces its pool."""
     inv = wait_for(lambda: rig.agents[node].cache.get().inventory, 30, what=f"{node} inventory")
     devices = []
     for g in inv.gpus:
@@ -45,9 +52,9 @@ def publish_slice(rig: RebalanceRig, node: str) -> dict[str, int]:
         devices.append(d)
     rig.cp.admin.request("POST", f"{R}/resourceslices", body={
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-gpu.nvidia.com"},
+        "metadata": {"name": f"{node}-gpu.nvidia.com" + (f"-{generation}" if generation > 1 else "")},
         "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
-                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                 "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
                  "devices": devices}})  # fmt: skip
     return {f"gpu-{g.index}": g.index for g in inv.gpus}
 
@@ -230,3 +237,58 @@ def test_a_pod_on_a_sick_gpu_through_a_claim_is_drained(rig: RebalanceRig) -> No
     wait_for(lambda: any(p["metadata"]["name"] != name for p in rig.pods("app=dra-trainer")),
              60, what="a replacement pod")  # fmt: skip
     rig.stop_rebalancers()
+
+
+def extender_filter(rig: RebalanceRig, pod: Mapping[str, Any], nodes: list[str]) -> Any:
+    """The extender's /filter over HTTP, as kube-scheduler calls it."""
+    assert rig.extender is not None
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{rig.extender.server.port}/filter",
+        data=json.dumps({"Pod": pod, "NodeNames": nodes}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def test_a_pool_in_two_generations_counts_once(rig: RebalanceRig) -> None:
+    node = "dra-gen"
+    rig.add_node(node, "dragen", gpus=0)
+    rig.live_agent(node)
+    rig.wait_extender_sees([node])
+    with contextlib.suppress(KubeError):  # the first test made it already
+        rig.cp.admin.request("POST", f"{R}/deviceclasses", body=device_class())
+    publish_slice(rig, node, generation=1)
+    publish_slice(rig, node, generation=2)
+    sliced = rig.cp.admin.request("GET", f"{R}/resourceslices")["items"]
+    assert len([s for s in sliced if s["spec"]["nodeName"] == node]) == 2  # both generations
+    ext = rig.extender
+    assert ext is not None
+    wait_for(lambda: (s := ext.cluster.states([node])[node]) is not None and s.gpus_free == 8,
+             30, what="the extender to count 8 free devices on the node")  # fmt: skip
+    for count in (8, 9):
+        template(rig, f"gen-t{count}", count)
+
+    # 9 GPUs: kube-scheduler's own DRA filter refuses it; so does the extender's /filter.
+    create_pod(rig, "gen-nine", pod_spec("gen-t9", "gpudaemon-scheduler", {GROUP: "dragen"}))
+    nine = rig.pod("gen-nine")
+    res = extender_filter(rig, nine, [node])
+    passed = res.get("NodeNames") or res.get("nodeNames") or []
+    assert node not in passed and node in (res.get("FailedNodes") or res.get("failedNodes")), res
+
+    # 8 GPUs: passed, and it binds there with all 8 devices of the newest generation.
+    create_pod(rig, "gen-eight", pod_spec("gen-t8", "gpudaemon-scheduler", {GROUP: "dragen"}))
+    res = extender_filter(rig, rig.pod("gen-eight"), [node])
+    assert node in (res.get("NodeNames") or res.get("nodeNames") or []), res
+    bound = wait_for(lambda: rig.pod("gen-eight")["spec"].get("nodeName"), 60,
+                     what="the 8-GPU claim pod bound")  # fmt: skip
+    assert bound == node
+    c = wait_for(lambda: (c := claim_of(rig, "gen-eight")) and allocated_on(c) and c, 30,
+                 what="its claim allocated")  # fmt: skip
+    pool, devices = allocated_on(c)  # type: ignore[misc]
+    assert pool == node and sorted(devices) == sorted(f"gpu-{i}" for i in range(8))
+    assert not rig.pod("gen-nine")["spec"].get("nodeName")  # still pending
+    wait_for(lambda: (s := ext.cluster.states([node])[node]) is not None and s.gpus_free == 0,
+             30, what="the extender to count the node full")  # fmt: skip
+    for name in ("gen-nine", "gen-eight"):
+        rig.delete(f"/api/v1/namespaces/{NS}/pods/{name}")

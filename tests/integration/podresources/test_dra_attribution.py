@@ -67,8 +67,10 @@ class Slices:
                 devices.append({"name": f"gpu-{g.index}-mig-{j}", "attributes": {
                     "type": attr("string", "mig"), "uuid": attr("string", m.uuid),
                     "parentUUID": attr("string", g.uuid)}})  # fmt: skip
-        self.items = [{"spec": {"driver": DRIVER, "nodeName": NODE, "devices": devices,
-                                "pool": {"name": NODE, "generation": 1}}}]  # fmt: skip
+        self.items = [{"metadata": {"name": f"{NODE}-{DRIVER}"},
+                       "spec": {"driver": DRIVER, "nodeName": NODE, "devices": devices,
+                                "pool": {"name": NODE, "generation": 1,
+                                         "resourceSliceCount": 1}}}]  # fmt: skip
         self.lists = 0
 
     def list_items(

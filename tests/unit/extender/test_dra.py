@@ -170,7 +170,7 @@ def test_counts_allocated_tainted() -> None:
     ]))  # fmt: skip
     d.claim_event("ADDED", claim("c", 2, allocated=("n1", ["gpu-0", "gpu-1"])))
     d.claim_event("ADDED", claim("m", 1, cls="mig.nvidia.com",
-                                 allocated=("n1", ["gpu-8-mig-1g.10gb-0"])))  # fmt: skip
+                                 allocated=("n1", ["gpu-8-mig-1g-10gb-0"])))  # fmt: skip
     d.rule_event("ADDED", taint_rule("r", "n1", "gpu-5"))
     d.rule_event("ADDED", taint_rule("r2", "n1", "gpu-0"))  # allocated: not counted as free
     c = d.counts("n1")
@@ -285,7 +285,7 @@ def test_a_gpu_with_a_mig_device_allocated_is_no_free_gpu_and_the_reverse() -> N
         gpu_device("n1", 1), mig_device("n1", 1, 0), mig_device("n1", 1, 1),
     ]))  # fmt: skip
     d.claim_event("ADDED", claim("m", 1, cls="mig.nvidia.com",
-                                 allocated=("n1", ["gpu-0-mig-1g.10gb-0"])))  # fmt: skip
+                                 allocated=("n1", ["gpu-0-mig-1g-10gb-0"])))  # fmt: skip
     d.claim_event("ADDED", claim("g", 1, allocated=("n1", ["gpu-1"])))
     c = d.counts("n1")
     assert c is not None

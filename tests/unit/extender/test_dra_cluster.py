@@ -95,7 +95,7 @@ def test_mig_devices_by_profile() -> None:
     c.dra_replace("resourceslices")([nvidia_slice("n1", devices=[
         mig_device("n1", 0, i) for i in range(7)])])  # fmt: skip
     c.dra_event("resourceclaims")("ADDED", claim("m", 1, cls="mig.nvidia.com",
-                                                 allocated=("n1", ["gpu-0-mig-1g.10gb-0"])))  # fmt: skip
+                                                 allocated=("n1", ["gpu-0-mig-1g-10gb-0"])))  # fmt: skip
     assert c.states(["n1"])["n1"].mig_free == {"1g.10gb": 6}  # type: ignore[union-attr]
 
 
