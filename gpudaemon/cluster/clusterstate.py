@@ -31,7 +31,7 @@ from gpudaemon.cluster.assume import AssumeCache, PodUsage
 from gpudaemon.cluster.dra import pod_claim_refs
 from gpudaemon.cluster.draassume import DraAssumptions
 from gpudaemon.cluster.drastate import DraState
-from gpudaemon.cluster.freshness import Freshness
+from gpudaemon.cluster.freshness import Freshness, lease_entry
 from gpudaemon.cluster.nodes import BadNodes, agent_values_id, read_node
 from gpudaemon.cluster.podspec import pod_gang, pod_shape
 from gpudaemon.cluster.state import NodeState, PodShape, add_mig
@@ -45,7 +45,30 @@ TERMINAL_PHASES = ("Succeeded", "Failed")
 # TypeError) leaves the object without one.
 View = Callable[[Obj], Any]
 
-__all__ = ["AssumeCache", "ClusterState", "NodeListener", "Snapshot", "Views"]
+__all__ = ["AssumeCache", "Changes", "ClusterState", "Cursor", "NodeListener", "Snapshot", "Views"]
+
+_LOG_MAX = 65_536  # changed node names kept for `changes` readers
+Cursor = tuple[int, int]  # (epoch, position in the change log)
+
+
+@dataclass(frozen=True, slots=True)
+class _NodeRead:
+    name: str
+    meta: Obj
+    state: NodeState
+    bad: tuple[str, int | None, str] | None = None  # (key, value id, reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """`ClusterState.changes`: the nodes to judge again, as of one moment."""
+
+    cursor: Cursor
+    # The nodes changed since the cursor given; None: any node may have (judge all).
+    changed: set[str] | None
+    states: dict[str, NodeState | None]  # of the changed nodes and the names asked for
+    until: dict[str, float]  # wall time each one's agent data goes stale (-inf: is)
+    degraded: bool  # some node has a free degraded GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +129,12 @@ class ClusterState:
             lambda n: self._node_uids.get(n, ""), lambda n: n in self._bad.reasons
         )
         self._states: dict[str, NodeState] = {}  # cache of node + usage, per node
+        # The names of the nodes whose state or freshness changed, in order (`changes`):
+        # a reader that keeps answers per node redoes only these. `_epoch` moves when
+        # every node may have changed (a relist), and the log starts over.
+        self._log: list[str] = []
+        self._log_start = 0  # the position of _log[0] since the epoch began
+        self._epoch = 0
         # Told of every node as it appears or changes (without pod usage) and as it goes:
         # the policies' `observe_node` / `forget_node` hooks, off the request path.
         self._node_listeners: list[NodeListener] = []
@@ -123,7 +152,19 @@ class ClusterState:
         return self._bad.values
 
     def _changed(self, node: str) -> None:
+        """The node's state or freshness may have changed: its cached state is dropped,
+        and `changes` reports it."""
         self._states.pop(node, None)
+        self._log.append(node)
+        if len(self._log) > _LOG_MAX:  # a reader this far behind starts over
+            del self._log[: _LOG_MAX // 2]
+            self._log_start += _LOG_MAX // 2
+
+    def _changed_all(self) -> None:
+        self._states.clear()
+        self._epoch += 1
+        self._log.clear()
+        self._log_start = 0
 
     def add_node_listener(self, listener: NodeListener) -> None:
         """Also replays the nodes already known, so the order of wiring does not matter."""
@@ -143,7 +184,7 @@ class ClusterState:
             self._raw.clear()
             self._node_uids.clear()
             self._node_views.clear()
-            self._states.clear()
+            self._changed_all()
             self._bad.reasons.clear()
             self._degraded.clear()
             for obj in items:
@@ -156,42 +197,57 @@ class ClusterState:
 
     def node_event(self, kind: str, obj: Obj) -> None:
         name = str((obj.get("metadata") or {}).get("name", ""))
+        # Read (its annotation decoded) before the lock: requests wait on the lock.
+        read = self._read_node(obj) if kind != "DELETED" else None
         with self._lock:
             if kind == "DELETED":
                 self._nodes.pop(name, None)
                 self._raw.pop(name, None)
                 self._node_uids.pop(name, None)
                 self._node_views.pop(name, None)
-                self._states.pop(name, None)
+                self._changed(name)
                 self._bad.forget(name)
                 self._degraded.discard(name)
                 for listener in self._node_listeners:
                     listener.forget_node(name)
             else:
-                self._put_node(obj)
+                self._put_read(obj, read)
             self._fresh.update(name)
 
-    def _put_node(self, obj: Obj) -> None:
-        """Never raises: a Node whose agent values (or whose object) cannot be read is
-        kept as a node with no data (`bad_data`), counted and logged once."""
+    def _read_node(self, obj: Obj) -> _NodeRead | None:
+        """The Node as a state, and why its values are unreadable if they are; None:
+        not an object at all. Pure: a watch event is read before the lock is taken."""
         try:
             meta = obj.get("metadata") or {}
             name = str(meta.get("name", ""))
         except Exception:  # not an object at all: nothing to key it by
+            return None
+        p, product = self.prefix, self.product_label
+        try:
+            return _NodeRead(name, meta, read_node(name, meta, obj, p, product))
+        except BadValueError as e:
+            st = read_node(name, meta, obj, p, product, agent=False, bad=str(e))
+            return _NodeRead(name, meta, st, (e.key, agent_values_id(meta, p), e.reason))
+        except Exception as e:  # a shape the API server would not store: a bug or a fake
+            st = NodeState(name=name, has_agent_labels=False, bad_data="unreadable Node object")
+            why = f"unreadable Node object ({type(e).__name__})"
+            return _NodeRead(name, meta, st, ("node", None, why))
+
+    def _put_node(self, obj: Obj) -> None:
+        self._put_read(obj, self._read_node(obj))
+
+    def _put_read(self, obj: Obj, got: _NodeRead | None) -> None:
+        """Never raises: a Node whose agent values (or whose object) cannot be read is
+        kept as a node with no data (`bad_data`), counted and logged once. `got`: the
+        object as `_read_node` read it."""
+        if got is None:
             self._bad.note_bad("", "node", None, "not a Node object")
             self._fresh.drop("")
             return
+        name, meta, st = got.name, got.meta, got.state
         self._node_views.pop(name, None)
-        p, product = self.prefix, self.product_label
-        try:
-            st = read_node(name, meta, obj, p, product)
-        except BadValueError as e:
-            st = read_node(name, meta, obj, p, product, agent=False, bad=str(e))
-            self._bad.note_bad(name, e.key, agent_values_id(meta, p), e.reason)
-            self._fresh.drop(name)
-        except Exception as e:  # a shape the API server would not store: a bug or a fake
-            st = NodeState(name=name, has_agent_labels=False, bad_data="unreadable Node object")
-            self._bad.note_bad(name, "node", None, f"unreadable Node object ({type(e).__name__})")
+        if got.bad is not None:
+            self._bad.note_bad(name, *got.bad)
             self._fresh.drop(name)
         else:
             self._bad.note_good(name)
@@ -203,7 +259,7 @@ class ClusterState:
         else:
             self._degraded.discard(name)
         self._node_uids[name] = str(meta.get("uid", ""))
-        self._states.pop(name, None)
+        self._changed(name)
         for listener in self._node_listeners:
             listener.observe_node(st)
 
@@ -212,7 +268,7 @@ class ClusterState:
 
     def _dra_changed(self, name: str) -> None:
         """A node's DRA devices, allocations or taints changed."""
-        self._states.pop(name, None)
+        self._changed(name)
         raw = self._raw.get(name)
         if raw is None:
             return
@@ -252,7 +308,7 @@ class ClusterState:
         with self._lock:
             self._usage.drop_all_pods()
             self._pod_views.clear()
-            self._states.clear()
+            self._changed_all()
             for obj in items:
                 self._put_pod(obj)
 
@@ -304,10 +360,13 @@ class ClusterState:
             self._fresh.clear()
             for obj in items:
                 self._fresh.lease_event("ADDED", obj)
+            self._changed_all()
 
     def lease_event(self, kind: str, obj: Obj) -> None:
+        parsed = lease_entry(kind, obj)  # outside the lock: requests wait on it
         with self._lock:
-            self._fresh.lease_event(kind, obj)
+            self._fresh.put(*parsed)
+            self._changed(parsed[0])
 
     def fresh(self, name: str) -> bool:
         """The agent's Lease is unexpired and owned by this Node object."""
@@ -419,6 +478,32 @@ class ClusterState:
             degraded = frozenset(self._degraded) if self._degraded else frozenset()
             st = self._dra_assumed.credit(uid, pod, self.states(names))
             return Snapshot(st, self.freshness(names), degraded)
+
+    def changes(self, cursor: Cursor | None, names: Iterable[str] = ()) -> Changes:
+        """What changed since `cursor` (from the last call's answer; None: everything),
+        for a reader that keeps an answer per node: the nodes whose state or freshness
+        may differ, with their states and the wall times their data goes stale, plus
+        `names` (nodes the reader has no answer for yet). Assumptions past their
+        time-to-live are dropped first, as `states` does."""
+        with self._lock:
+            self._usage.expire(self.clock)
+            start = cursor[1] - self._log_start if cursor is not None else -1
+            if cursor is None or cursor[0] != self._epoch or start < 0:
+                changed = None
+                todo: set[str] = set(self._nodes)
+            else:
+                changed = set(self._log[start:])
+                todo = set(changed)
+            todo.update(names)
+            states = self.states(todo)
+            until = self._fresh.until
+            return Changes(
+                (self._epoch, self._log_start + len(self._log)),
+                changed,
+                states,
+                {n: until(n) for n in todo},
+                bool(self._degraded),
+            )
 
     def freshness(self, names: Iterable[str]) -> dict[str, bool]:
         """`fresh` for many nodes under one lock (the per-request path)."""

@@ -23,6 +23,16 @@ def _expiry(lease: Obj) -> tuple[float | None, str]:
     return (None if expiry is None else expiry.timestamp()), owner
 
 
+Entry = tuple[float | None, str]  # (wall-clock expiry, owner Node UID)
+
+
+def lease_entry(kind: str, obj: Obj) -> tuple[str, Entry | None]:
+    """(node name, what `Freshness.put` keeps for it; None: the Lease is gone), read
+    from a watch event without the store's lock held."""
+    name = str((obj.get("metadata") or {}).get("name", ""))
+    return name, (None if kind == "DELETED" else _expiry(obj))
+
+
 class Freshness:
     """The agents' Leases, by node name, and the deadline each gives its node.
     `node_uid(name)` and `is_bad(name)` come from the node store: a Lease left from a
@@ -31,7 +41,7 @@ class Freshness:
 
     def __init__(self, node_uid: Callable[[str], str], is_bad: Callable[[str], bool]) -> None:
         self._node_uid, self._is_bad = node_uid, is_bad
-        self.leases: dict[str, tuple[float | None, str]] = {}  # node -> (expiry, owner)
+        self.leases: dict[str, Entry] = {}  # node -> (expiry, owner)
         self._until: dict[str, float] = {}  # node -> wall time its data goes stale
 
     def clear(self) -> None:
@@ -39,12 +49,18 @@ class Freshness:
         self._until.clear()
 
     def lease_event(self, kind: str, obj: Obj) -> None:
-        name = str((obj.get("metadata") or {}).get("name", ""))
-        if kind == "DELETED":
+        self.put(*lease_entry(kind, obj))
+
+    def put(self, name: str, entry: Entry | None) -> None:
+        if entry is None:
             self.leases.pop(name, None)
         else:
-            self.leases[name] = _expiry(obj)
+            self.leases[name] = entry
         self.update(name)
+
+    def until(self, name: str) -> float:
+        """The wall time the node's data goes stale (-inf: no Lease vouches for it)."""
+        return self._until.get(name, _NEVER)
 
     def _vouch(self, name: str) -> float | None:
         expiry, owner = self.leases.get(name, (None, ""))

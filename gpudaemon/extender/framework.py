@@ -39,11 +39,15 @@ from gpudaemon.cluster.scoring import (
 from gpudaemon.cluster.state import NodeState, PodShape
 from gpudaemon.config import PluginsConfig
 from gpudaemon.extender.metrics import ExtenderMetrics
-from gpudaemon.extender.plugins import MAX_NODE_SCORE, Cycle, build_profile
+from gpudaemon.extender.plugins import MAX_NODE_SCORE, Cycle, NodeFilter, build_profile
 from gpudaemon.extender.pods import PodVerifier
+from gpudaemon.extender.verdicts import VerdictTable, VerdictTables
 from gpudaemon.httpserver import Readiness
 
 MIG_POLICY = "migpack"  # pods of MIG devices alone, unless their annotation says otherwise
+# Requests naming at least this many nodes are answered from the verdict tables
+# (verdicts.py); smaller ones cost less judged afresh than the tables cost to keep.
+TABLE_MIN_NODES = 64
 
 
 class BadPod(ValueError):
@@ -108,6 +112,8 @@ class Framework:
         # The plug-ins, built with this framework as their handle (plugins/base.py).
         self.profile = build_profile(plugins or PluginsConfig(), self)
         self._scores = ScoreMemo(max_shapes=16 * len(self.profile.scores))  # under _lock
+        self._tables = VerdictTables(max_tables=16)  # under _lock
+        self.table_min_nodes = TABLE_MIN_NODES
         for p in self.policies.values():  # what they learn from nodes, off the request path
             cluster.add_node_listener(p)
 
@@ -264,9 +270,13 @@ class Framework:
                 self.observe(real[0], real[1])
         uid = real[0] if real is not None else _uid(pod)
         cycle = Cycle(pod, shape, policy, uid, self.cluster.wall())
-        filters = [c for f in self.profile.filters if (c := f.prepare(cycle)) is not None]
+        prepared = [(f, c) for f in self.profile.filters if (c := f.prepare(cycle)) is not None]
+        filters = [c for _, c in prepared]
         rejected: dict[str, Rejection] = {}
         with self._lock:
+            fast = self._table(cycle, real, names, prepared)
+            if fast is not None:
+                return self._filter_from(fast[0], fast[1], names, real)
             snap = self.cluster.snapshot(names, uid, real[1] if real is not None else shape)
             states, fresh = snap.states, snap.fresh
             passed = list(names)
@@ -301,6 +311,63 @@ class Framework:
         self.metrics.filter_nodes.labels("passed").inc(len(passed))
         return FilterResult(passed, {n: _reason(r) for n, r in rejected.items()})
 
+    def _table(
+        self,
+        cycle: Cycle,
+        real: tuple[str, PodShape, str] | None,
+        names: Sequence[str],
+        prepared: Sequence[tuple[object, NodeFilter]],
+    ) -> tuple[VerdictTable, set[str]] | None:
+        """The pod's verdict table, brought up to date, when its answer is the general
+        path's from the table alone: a large request naming each node once, filters that
+        judge only the node's state and freshness (`pure`), one score plug-in, and no
+        gang, DRA claim or free degraded GPU (those rank per pod). Under `_lock`."""
+        if len(names) < self.table_min_nodes:
+            return None
+        if not all(getattr(f, "pure", False) for f, _ in prepared):
+            return None
+        if cycle.shape.dra or (real is not None and (real[2] or real[1].dra)):
+            return None
+        scorers = self._scorers(cycle)
+        if len(scorers) > 1:
+            return None
+        nameset = set(names)
+        if len(nameset) != len(names):
+            return None
+        key = tuple(str(getattr(f, "name", "")) for f, _ in prepared)
+        table = self._tables.get(scorers[0][0] if scorers else None, cycle.shape, key)
+        no_degraded = table.update(
+            self.cluster, [c for _, c in prepared], nameset, self.cluster.wall()
+        )
+        if not no_degraded and self.prefer_healthy_gpus:
+            return None
+        return table, nameset
+
+    def _filter_from(
+        self,
+        table: VerdictTable,
+        nameset: set[str],
+        names: Sequence[str],
+        real: tuple[str, PodShape, str] | None,
+    ) -> FilterResult:
+        """`filter`'s answer from the pod's verdict table (under `_lock`)."""
+        got = table.filter(list(names), nameset, self.candidates)
+        passed = got.passed
+        if (
+            real is not None
+            and len(passed) == 1
+            and (s := got.states[passed[0]]) is not None
+            and s.can_host(real[1])
+        ):  # as in `filter`: the scheduler skips /prioritize with one feasible node
+            self._reserve(real[0], passed[0], real[1], real[2])
+        removed: Counter[str] = Counter(r.reason for r in got.failed.values())
+        if got.outranked is not None:
+            removed["outranked"] += got.outranked
+        for reason, count in removed.items():
+            self.metrics.filter_nodes.labels(reason).inc(count)
+        self.metrics.filter_nodes.labels("passed").inc(len(passed))
+        return FilterResult(passed, {n: _reason(r) for n, r in got.failed.items()})
+
     # -- score --------------------------------------------------------------------
 
     def score(self, pod: Mapping[str, Any], names: Sequence[str]) -> list[tuple[str, int]]:
@@ -317,6 +384,14 @@ class Framework:
         self._require_ready()
         real = self._real_pod(pod, shape)
         with self._lock:
+            pure = [(f, c) for f in self.profile.filters if getattr(f, "pure", False)
+                    if (c := f.prepare(cycle)) is not None]  # fmt: skip
+            fast = self._table(cycle, real, names, pure)
+            if fast is not None:
+                top, scores = fast[0].score(list(names), fast[1])
+                if top is not None and real is not None:
+                    self._reserve(real[0], top, real[1], real[2])
+                return list(zip(names, scores, strict=True))
             uid, pod_shape_ = (real[0], real[1]) if real is not None else (_uid(pod), shape)
             snap = self.cluster.snapshot(names, uid, pod_shape_)
             ranked = self._ranked(self._scored(cycle, names, snap.states), real, snap, shape)

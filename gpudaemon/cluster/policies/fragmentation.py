@@ -334,6 +334,25 @@ class Fragmentation:
             fa = memo[after] = tables.fragmentation(after)
         return float(fb - fa) + tie_break(node, pod, self.utilization_weight)
 
+    def score_parts(self, node: NodeState, pod: PodShape) -> tuple[NodeKey, float]:
+        """`raw_score` in two parts, for a node that can host the pod: (the node's key
+        for `key_score`, its tie-break). The tie-break does not move when the tables
+        do, so a caller that keeps it rescores a node with one lookup per key:
+        raw_score(node, pod) == key_score(key, pod) + tie, to the bit."""
+        return node_key(node), tie_break(node, pod, self.utilization_weight)
+
+    def key_score(self, key: NodeKey, pod: PodShape) -> float | None:
+        """The fragmentation the pod removes from a node of this key, under the current
+        tables (None: it does not fit there; raw_score says _UNFIT)."""
+        model, free, cpu, mem = key
+        k, c, m = pod.gpus, pod.cpu_milli, pod.memory_bytes
+        if k > free or c > cpu or m > mem or not pod.fits_model(model):
+            return None
+        tables, memo, _ = self._state or self._refresh()
+        return float(
+            _frag(tables, memo, key) - _frag(tables, memo, (model, free - k, cpu - c, mem - m))
+        )
+
     def raw_scores(self, nodes: Iterable[NodeState], pod: PodShape) -> list[float]:
         return [self.raw_score(n, pod) for n in nodes]
 

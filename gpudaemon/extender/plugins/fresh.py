@@ -31,6 +31,9 @@ def fresh_nodes(
 
 class Fresh:
     name = "fresh"
+    # Its filter judges a node by its state and freshness alone (and the pod's shape):
+    # the framework may keep its verdicts between requests (extender/verdicts.py).
+    pure = True
 
     def prepare(self, cycle: Cycle) -> NodeFilter | None:
         return fresh_nodes

@@ -12,6 +12,9 @@ from gpudaemon.extender.plugins.base import Cycle, Handle, NodeFilter, PluginSpe
 
 class GpuFit:
     name = "gpu_fit"
+    # Its filter judges a node by its state and freshness alone (and the pod's shape):
+    # the framework may keep its verdicts between requests (extender/verdicts.py).
+    pure = True
 
     def prepare(self, cycle: Cycle) -> NodeFilter | None:
         shape = cycle.shape

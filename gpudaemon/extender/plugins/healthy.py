@@ -30,6 +30,9 @@ def healthy_nodes(
 
 class Healthy:
     name = "healthy"
+    # Its filter judges a node by its state and freshness alone (and the pod's shape):
+    # the framework may keep its verdicts between requests (extender/verdicts.py).
+    pure = True
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
