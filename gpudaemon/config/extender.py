@@ -120,10 +120,10 @@ class ExtenderConfig(_Section):
     avoid_unhealthy_nodes: Switch = True
     # A node that can give a new pod enough free GPUs that are not degraded (the agent's
     # verdict: clock slowdowns, growing remaps, NVLink errors) ranks above one that
-    # would have to use a degraded GPU, before any policy or plug-in order (issue 30).
+    # would have to use a degraded GPU, before any policy or plug-in order.
     prefer_healthy_gpus: Switch = True
     # A pod asking for no GPU, which reaches the extender because the chart's profile
-    # sends it every pod (issue 40). false: every node scores 0 for it, and
+    # sends it every pod. false: every node scores 0 for it, and
     # kube-scheduler places it at random among the nodes that fit. true: a policy that
     # judges such pods (fragmentation: where their CPU and memory strand fewest GPUs)
     # ranks them; compared on the openb trace in docs/benchmarks.md.
