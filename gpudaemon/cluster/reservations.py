@@ -8,9 +8,12 @@ annotations `gpudaemon.io/reserved-node` / `-until` are a mirror for people, and
 tenant can write those on their own pods.
 
 A reservation has force only while
-- the Lease is held: a holder is named and `renewTime + leaseDurationSeconds` is ahead
-  (a rebalancer that lost or released the lead keeps nothing);
-- its own `until` is ahead (capped at `MAX_RESERVE_S` past the Lease's renewTime);
+- the Lease is held by our rules (`kube/lease.py` `lease_held_until`): a holder is
+  named, `renewTime + leaseDurationSeconds` is ahead, the renewTime is not more than
+  `MAX_CLOCK_SKEW_S` ahead of our clock and the duration not over `MAX_LEADER_LEASE_S`
+  (a rebalancer that lost or released the lead keeps nothing, nor does a forged Lease);
+- its own `until` is ahead, and not past now + `MAX_RESERVE_S` (+ clock skew) when
+  read: an entry further out is ignored, as no rebalancer writes one;
 - its pod is still pending (unbound, not deleted) in the extender's `PendingPods`.
 
 The value is read defensively: bounded in size and entries, every field typed; any bad
@@ -34,7 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpudaemon.config import DNS1123_SUBDOMAIN
-from gpudaemon.kube.lease import lease_expiry
+from gpudaemon.kube.lease import MAX_CLOCK_SKEW_S, lease_held_until
 from gpudaemon.logsetup import LogLimiter
 
 REBALANCER_LEASE = "gpudaemon-rebalancer"
@@ -92,7 +95,8 @@ def _str(v: Any, limit: int) -> str:
 
 def decode(text: object, max_until: float = math.inf) -> list[Reservation]:
     """The reservations in `text`; ValueError (with why) for anything else than what
-    `encode` writes. `until` is capped at `max_until`."""
+    `encode` writes. An entry whose `until` is past `max_until` is ignored: no
+    rebalancer writes one (it reserves for at most `MAX_RESERVE_S`)."""
     if not isinstance(text, str):
         raise ValueError(f"not a string but {type(text).__name__}")
     if len(text) > MAX_TEXT_BYTES:
@@ -127,8 +131,10 @@ def decode(text: object, max_until: float = math.inf) -> list[Reservation]:
             node=node,
             gpus=_int(f.get("gpus"), 0, 1 << 16),
             priority=_int(f.get("priority"), -_MAX_PRIORITY, _MAX_PRIORITY),
-            until=min(float(until), max_until),
+            until=float(until),
         )
+        if r.until > max_until:
+            continue
         if r.uid not in seen:  # one room per pod: the first one written
             seen.add(r.uid)
             out.append(r)
@@ -142,8 +148,9 @@ class LeaseReservations:
     Replaced whole on each event, and read without copying: a request takes the
     current `(expiry, by_node)` pair in one attribute read."""
 
-    def __init__(self, name: str = REBALANCER_LEASE) -> None:
+    def __init__(self, name: str = REBALANCER_LEASE, wall: Callable[[], float] = time.time) -> None:
         self.name = name
+        self.wall = wall
         # (wall time the Lease stops being held, node -> its reservations)
         self._view: tuple[float, Mapping[str, Sequence[Reservation]]] = (-math.inf, {})
         self._text: object = None  # the annotation last decoded: renewals repeat it
@@ -165,16 +172,14 @@ class LeaseReservations:
         if kind == "DELETED":
             self._set_view(-math.inf, [], None)
             return
-        spec = obj.get("spec")
-        if not isinstance(spec, Mapping):
+        now = self.wall()
+        held = lease_held_until(obj, now)
+        if held is None:
+            # Released, not a Lease we can read, or out of our bounds (a renewTime from
+            # the future, a duration past the cap): no room is kept for anyone.
             self._set_view(-math.inf, [], None)
             return
-        holder = spec.get("holderIdentity")
-        expiry = lease_expiry(obj)
-        if not isinstance(holder, str) or not holder or expiry is None:
-            self._set_view(-math.inf, [], None)  # released, or not a Lease we can read
-            return
-        held_until = expiry.timestamp()
+        held_until = held
         meta = obj.get("metadata")
         ann = meta.get("annotations") if isinstance(meta, Mapping) else None
         text = ann.get(RESERVATIONS_ANNOTATION) if isinstance(ann, Mapping) else None
@@ -185,9 +190,8 @@ class LeaseReservations:
             same = text == self._text
             entries = self._entries
         if not same:
-            renewed = held_until - float(spec.get("leaseDurationSeconds", 0))
             try:
-                entries = decode(text, max_until=renewed + MAX_RESERVE_S)
+                entries = decode(text, max_until=now + MAX_RESERVE_S + MAX_CLOCK_SKEW_S)
             except ValueError as e:
                 self.rejected += 1
                 if self._log.allow(str(e)[:80]):

@@ -14,6 +14,10 @@ waits, on its own monotonic clock, the renew deadline from when it last saw the 
 change (as client-go counts from its own observation): by then the leader, which
 renewed before that, has stepped down, whatever the wall clocks say.
 
+Another identity's Lease is believed only within our bounds (`lease_held_until`): a
+renewTime more than a minute ahead of our clock, or a duration over an hour, is not
+held, and a standby takes it over after its renew deadline, as from a dead leader.
+
 The leader can keep a little state in an annotation on the Lease (`save` gives the text
 on every write, `load` gets the text found when it takes the Lease), so whoever leads
 next, a standby or the same pod after a crash, carries on from it. `annotations` gives
@@ -25,14 +29,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from loguru import logger
 
 from gpudaemon.errors import KubeConflictError, KubeError, KubeNotFoundError
 from gpudaemon.kube.client import KubeClient
-from gpudaemon.kube.lease import lease_expiry, lease_path, micro_time
+from gpudaemon.kube.lease import MAX_LEADER_LEASE_S, lease_held_until, lease_path, micro_time
 from gpudaemon.logsetup import LogLimiter
 
 
@@ -98,8 +101,10 @@ class LeaderElector:
                 return True
             spec = lease.get("spec") or {}
             holder = spec.get("holderIdentity") or ""
-            expiry = lease_expiry(lease)
-            expired = expiry is None or datetime.fromtimestamp(now, UTC) >= expiry
+            # By our rules, not as written: a renewTime from the future or a duration
+            # past the cap is not held (kube/lease.py), so a forged Lease is taken over.
+            held_until = lease_held_until(lease, now, max(MAX_LEADER_LEASE_S, self.duration_s))
+            expired = held_until is None or now >= held_until
             record = (holder, str(spec.get("renewTime") or ""),
                       str((lease.get("metadata") or {}).get("resourceVersion") or ""))  # fmt: skip
             if record != self._seen:
@@ -108,7 +113,7 @@ class LeaderElector:
                 # Whatever the wall clocks say: not before the holder has stepped down.
                 expired = expired and self.clock() - self._seen_at >= self.renew_deadline_s
             if holder != self.identity and not expired:
-                self._other_expires = expiry.timestamp() if expiry is not None else None
+                self._other_expires = held_until
                 self._lost()
                 return False
             self._other_expires = None

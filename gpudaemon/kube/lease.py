@@ -58,6 +58,43 @@ def lease_expiry(lease: Mapping[str, Any] | None) -> datetime | None:
         return None
 
 
+# Another identity's Lease is bounded by our rules before it is believed (a stolen or
+# careless token could write renewTime 2099 and a duration of 2**31 - 1 s):
+MAX_CLOCK_SKEW_S = 60.0  # a renewTime further ahead of our clock than this: not held
+MAX_LEADER_LEASE_S = 3600  # the rebalancer's longest lease_duration_s (config caps it)
+
+
+def lease_held_until(
+    lease: Mapping[str, Any] | None,
+    now: float,
+    max_duration_s: float = MAX_LEADER_LEASE_S,
+    skew_s: float = MAX_CLOCK_SKEW_S,
+) -> float | None:
+    """Wall time (s) until which a leader Lease is held by our rules, `now` being our
+    wall clock; None when it is not held at all: absent or malformed, no holder, a
+    renewTime more than `skew_s` ahead of `now`, or a leaseDurationSeconds outside
+    (0, `max_duration_s`]. Such a Lease is as good as expired: a standby takes it over
+    (after its own renew deadline) and its annotations are not believed."""
+    spec = lease.get("spec") if lease else None
+    if not isinstance(spec, Mapping):
+        return None
+    holder = spec.get("holderIdentity")
+    duration = spec.get("leaseDurationSeconds")
+    if not isinstance(holder, str) or not holder:
+        return None
+    if not isinstance(duration, int) or isinstance(duration, bool):
+        return None
+    if not 0 < duration <= max_duration_s:
+        return None
+    renewed = parse_time(spec.get("renewTime"))
+    if renewed is None:
+        return None
+    at = renewed.timestamp()
+    if at > now + skew_s:
+        return None  # from the future: forged, or a clock far beyond any skew we allow
+    return at + duration
+
+
 def lease_is_fresh(lease: Mapping[str, Any] | None, now: datetime) -> bool:
     """True iff the Lease vouches for its node's data at `now` (an aware datetime;
     a naive one is taken as UTC): its `lease_expiry` is still ahead."""

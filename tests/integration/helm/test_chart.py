@@ -85,8 +85,10 @@ def test_default_values_render_agent_extender_scheduler_and_policy(helm: str) ->
         "ServiceAccount/gpudaemon-scheduler",
         "ValidatingAdmissionPolicy/gpudaemon-agent-node-keys",
         "ValidatingAdmissionPolicy/gpudaemon-agent-own-lease",
+        "ValidatingAdmissionPolicy/gpudaemon-scheduler-no-rebalancer-lease",
         "ValidatingAdmissionPolicyBinding/gpudaemon-agent-node-keys",
         "ValidatingAdmissionPolicyBinding/gpudaemon-agent-own-lease",
+        "ValidatingAdmissionPolicyBinding/gpudaemon-scheduler-no-rebalancer-lease",
     ]
 
 

@@ -70,7 +70,7 @@ class Rig:
     def __init__(self, *pending: dict[str, Any]) -> None:
         self.pending = PendingPods("gpudaemon.io/gpu.product")
         self.pending.replace(list(pending))
-        self.reservations = LeaseReservations()
+        self.reservations = LeaseReservations(wall=lambda: T0)
         v = PodVerifier(self.pending, Api(), SCHED)
         self.api: ExtenderApi
         self.api, self.cluster, self.reg = make_api(verifier=v, reservations=self.reservations)
@@ -147,11 +147,38 @@ def test_released_as_the_pod_binds_and_when_the_lease_goes() -> None:
     assert rig.passed(SMALL)[0] == NAMES
 
 
-def test_until_is_capped_at_ten_minutes_past_the_renewal() -> None:
-    r = LeaseReservations()
-    r.event("ADDED", lease([entry(until=T0 + 10**9)]))
-    [held] = r.in_force(T0)["c"]
-    assert held.until == T0 + 600
+def test_a_reservation_past_the_reserve_cap_is_ignored_and_the_others_kept() -> None:
+    """No rebalancer reserves for more than MAX_RESERVE_S (600 s); a minute of clock
+    skew is allowed beside it."""
+    r = LeaseReservations(wall=lambda: T0)
+    r.event("ADDED", lease([entry(uid="far", until=T0 + 10**9), entry(uid="late", until=T0 + 700),
+                            entry(uid="ok", until=T0 + 600), entry(uid="skew", until=T0 + 650)]))  # fmt: skip
+    assert [h.uid for h in r.in_force(T0)["c"]] == ["ok", "skew"]
+
+
+FORGED = [
+    ("renewTime in 2099", lease([entry()], renewed=4_070_908_800.0)),
+    ("renewTime 61 s ahead", lease([entry()], renewed=T0 + 61)),
+    ("duration 2**31 - 1", lease([entry()], duration=2**31 - 1)),
+    ("duration over an hour", lease([entry()], duration=3601)),
+    ("duration 0", lease([entry()], duration=0)),
+    ("both, as the attack wrote it",
+     lease([entry(until=4_102_444_800.0)], renewed=4_070_908_800.0, duration=2**31 - 1)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("what", "obj"), FORGED, ids=[f[0] for f in FORGED])
+def test_a_lease_out_of_our_bounds_is_not_held_and_keeps_no_room(what: str, obj: Any) -> None:
+    rig = Rig(BIG, SMALL)
+    rig.reservations.event("ADDED", obj)
+    assert rig.reservations.in_force(T0) == {}, what
+    assert rig.passed(SMALL)[0] == NAMES, what
+
+
+def test_a_renewal_within_a_minute_of_skew_is_held() -> None:
+    r = LeaseReservations(wall=lambda: T0)
+    r.event("ADDED", lease([entry()], renewed=T0 + 59))
+    assert [h.uid for h in r.in_force(T0)["c"]] == ["big"]
 
 
 HOSTILE: list[tuple[str, object]] = [

@@ -114,3 +114,52 @@ def test_a_standby_whose_clock_runs_ahead_still_waits_for_the_leader_to_step_dow
         assert not c.try_acquire_or_renew()
         clock.advance(5)
         assert b.try_acquire_or_renew()
+
+
+FORGED = {"holderIdentity": "evil", "renewTime": "2099-01-01T00:00:00.000000Z",
+          "leaseDurationSeconds": 2**31 - 1, "acquireTime": "2099-01-01T00:00:00.000000Z"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        FORGED,
+        {**FORGED, "renewTime": "2023-11-14T22:15:00.000000Z"},  # 100 s ahead of T0
+        {**FORGED, "renewTime": "2023-11-14T22:13:20.000000Z"},  # now, but 2**31 - 1 s
+        {**FORGED, "renewTime": "2023-11-14T22:13:20.000000Z", "leaseDurationSeconds": 3601},
+    ],
+)
+def test_a_forged_lease_is_taken_over_within_the_duration(spec: dict[str, object]) -> None:
+    """A renewTime more than a minute ahead, or a duration past an hour, is not held by
+    our rules: a replica takes the Lease once its renew deadline (10 s of a 15 s
+    duration) has passed since it first saw it, as from a leader that died."""
+    kube, clock = FakeKube(), FakeClock()
+    kube.leases["gpudaemon-rebalancer"] = {
+        "metadata": {"name": "gpudaemon-rebalancer", "namespace": "gpudaemon",
+                     "resourceVersion": "1"},
+        "spec": dict(spec),
+    }  # fmt: skip
+    a, _ = electors(kube, clock)
+    assert not a.try_acquire_or_renew()
+    assert a.retry_in(5.0) == 5.0
+    clock.advance(9.9)
+    assert not a.try_acquire_or_renew()
+    clock.advance(0.1)
+    assert a.try_acquire_or_renew()
+    got = kube.leases["gpudaemon-rebalancer"]["spec"]
+    assert got["holderIdentity"] == "rb-a" and got["leaseDurationSeconds"] == 15
+
+
+def test_a_live_leader_keeps_its_lease_against_a_standby_whose_clock_is_far_behind() -> None:
+    """To a standby two minutes behind, every renewal is "from the future" (not held),
+    but each one is a change it sees, so it waits its renew deadline anew each time."""
+    kube, clock = FakeKube(), FakeClock()
+    a = LeaderElector(kube, "gpudaemon", "gpudaemon-rebalancer", "rb-a", 15,  # type: ignore[arg-type]
+                      wall=clock, clock=clock)  # fmt: skip
+    b = LeaderElector(kube, "gpudaemon", "gpudaemon-rebalancer", "rb-b", 15,  # type: ignore[arg-type]
+                      wall=lambda: clock() - 120, clock=clock)  # fmt: skip
+    assert a.try_acquire_or_renew()
+    for _ in range(6):
+        assert not b.try_acquire_or_renew()
+        clock.advance(5)
+        assert a.try_acquire_or_renew()
