@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpudaemon.cluster.state import MigCounts, PodShape, add_mig
 
@@ -69,6 +69,12 @@ class AssumeCache:
 
     def pop(self, uid: str) -> _Assumed | None:
         return self._by_uid.pop(uid, None)
+
+    def shorten(self, uid: str, deadline: float) -> None:
+        """Let `uid`'s assumption run out by `deadline` at the latest."""
+        a = self._by_uid.get(uid)
+        if a is not None and a.expires_at > deadline:
+            self._by_uid[uid] = replace(a, expires_at=deadline)
 
     def expire(self, now: float) -> list[_Assumed]:
         """Remove and return the assumptions whose deadline has passed."""

@@ -41,6 +41,9 @@ from gpudaemon.labels.sanitize import DEFAULT_PREFIX
 
 Obj = Mapping[str, Any]
 TERMINAL_PHASES = ("Succeeded", "Failed")
+# How long a pod's assumption outlives its leaving the pending watch: the bound-pod
+# watch's lag behind it, with room (tens of ms on a healthy API server).
+LEFT_PENDING_GRACE_S = 2.0
 # A consumer's own reading of a Node or a pod; None (or BadValueError, AttributeError,
 # TypeError) leaves the object without one.
 View = Callable[[Obj], Any]
@@ -429,6 +432,15 @@ class ClusterState:
         PodScheduled=False condition): an assumption made before then is void."""
         with self._lock:
             self._usage.unassume_if_failed_since(pod_uid, failed_at)
+
+    def left_pending(self, pod_uid: str) -> None:
+        """The pod left the pending watch: deleted, or bound. kube-scheduler's cache
+        forgets an assumed pod on its deletion; our bound-pod watch never sees a pod that
+        never bound, and the pending watch's DELETED carries the pod as it was (no node)
+        either way. So its assumption lives `LEFT_PENDING_GRACE_S` more at most: time
+        for the bound-pod watch to show a binding (which replaces it), not its TTL."""
+        with self._lock:
+            self._usage.assumed.shorten(pod_uid, self.clock() + LEFT_PENDING_GRACE_S)
 
     def is_assumed(self, pod_uid: str) -> bool:
         with self._lock:

@@ -201,6 +201,9 @@ class Extender:
 
     def _pending_event(self, kind: str, obj: Mapping[str, Any]) -> None:
         self.pending.event(kind, obj)
+        if kind == "DELETED":  # deleted or bound: its assumption goes soon either way
+            self.cluster.left_pending(str((obj.get("metadata") or {}).get("uid") or ""))
+            return
         failed = unschedulable_since(obj) if kind == "MODIFIED" else None
         if failed is not None:
             uid = str((obj.get("metadata") or {}).get("uid") or "")

@@ -132,6 +132,28 @@ def test_deleted_pending_pod_drops_its_assumption() -> None:
     assert c.states(["a"])["a"].gpus_free == 8  # type: ignore[union-attr]
 
 
+def test_a_pod_leaving_the_pending_watch_keeps_its_assumption_two_seconds_at_most() -> None:
+    """The extender's bound-pod watch never sees a pod deleted while pending; the
+    pending watch's DELETED (deleted, or bound: it carries the pod as it was) ends its
+    assumption within LEFT_PENDING_GRACE_S, not the TTL; a binding seen within that
+    grace replaces it as usual."""
+    clock = FakeClock()
+    c = ClusterState(P, assume_ttl_s=30, clock=clock)
+    c.replace_nodes([node_obj("a")])
+    c.replace_pods([])
+    for i in range(4):
+        c.assume(f"p{i}", "a", PodShape(2))
+    assert c.states(["a"])["a"].gpus_free == 0  # type: ignore[union-attr]
+    for i in range(4):
+        c.left_pending(f"p{i}")
+    c.pod_event("ADDED", pod_obj("p3", "a", 2))  # p3 had bound: counted as bound
+    clock.advance(1.9)
+    assert c.states(["a"])["a"].gpus_free == 0  # type: ignore[union-attr]
+    clock.advance(0.2)
+    assert c.states(["a"])["a"].gpus_free == 6  # type: ignore[union-attr]
+    assert c.sizes()["assumed"] == 0
+
+
 def test_freshness_uses_the_agents_rule() -> None:
     from datetime import UTC, datetime
 
