@@ -112,7 +112,7 @@ class Framework:
         # The plug-ins, built with this framework as their handle (plugins/base.py).
         self.profile = build_profile(plugins or PluginsConfig(), self)
         self._scores = ScoreMemo(max_shapes=16 * len(self.profile.scores))  # under _lock
-        self._tables = VerdictTables(max_tables=16)  # under _lock
+        self._tables = VerdictTables(_reason, max_tables=16)  # under _lock
         self.table_min_nodes = TABLE_MIN_NODES
         for p in self.policies.values():  # what they learn from nodes, off the request path
             cluster.add_node_listener(p)
@@ -331,11 +331,11 @@ class Framework:
         scorers = self._scorers(cycle)
         if len(scorers) > 1:
             return None
-        nameset = set(names)
-        if len(nameset) != len(names):
-            return None
         key = tuple(str(getattr(f, "name", "")) for f, _ in prepared)
         table = self._tables.get(scorers[0][0] if scorers else None, cycle.shape, key)
+        nameset = table.named(names if isinstance(names, list) else list(names))
+        if nameset is None:
+            return None
         no_degraded = table.update(
             self.cluster, [c for _, c in prepared], nameset, self.cluster.wall()
         )
@@ -360,13 +360,13 @@ class Framework:
             and s.can_host(real[1])
         ):  # as in `filter`: the scheduler skips /prioritize with one feasible node
             self._reserve(real[0], passed[0], real[1], real[2])
-        removed: Counter[str] = Counter(r.reason for r in got.failed.values())
+        removed = got.reasons
         if got.outranked is not None:
             removed["outranked"] += got.outranked
         for reason, count in removed.items():
             self.metrics.filter_nodes.labels(reason).inc(count)
         self.metrics.filter_nodes.labels("passed").inc(len(passed))
-        return FilterResult(passed, {n: _reason(r) for n, r in got.failed.items()})
+        return FilterResult(passed, got.failed)
 
     # -- score --------------------------------------------------------------------
 

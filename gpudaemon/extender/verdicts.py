@@ -20,8 +20,8 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from gpudaemon.cluster.checks import Rejection
@@ -37,7 +37,8 @@ _UNSET = object()  # no scores version seen yet
 @dataclass
 class FastFilter:
     passed: list[str]
-    failed: dict[str, Rejection]
+    failed: dict[str, str]  # node -> its rejection, described
+    reasons: Counter[str]  # the rejections' reasons, counted
     outranked: int | None  # None: not narrowed to the candidates
     states: dict[str, NodeState | None]  # of the nodes passed, when only one passed
 
@@ -46,12 +47,24 @@ class VerdictTable:
     """One (score plug-in, pod shape, filters)'s verdict per node. Not thread-safe: the
     framework uses it under its decision lock."""
 
-    def __init__(self, scorer: Scorer | None, shape: PodShape) -> None:
-        self.scorer, self.shape = scorer, shape
+    def __init__(
+        self, scorer: Scorer | None, shape: PodShape, describe: Callable[[Rejection], str]
+    ) -> None:
+        self.scorer, self.shape, self.describe = scorer, shape, describe
         self.cursor: Cursor | None = None
         self.version: object = _UNSET
         self.entries: dict[str, tuple[NodeState | None, float]] = {}  # (state, until)
         self.failed: dict[str, Rejection] = {}  # the first filter's rejection
+        self.messages: dict[str, str] = {}  # the same, described for FailedNodes
+        self.reasons: Counter[str] = Counter()  # their reasons, counted
+        # The last request's names (a scheduler sends the same list again and again):
+        # compared as a list, it spares building a set of 5,000 names per request.
+        self._names: list[str] = []
+        self._nameset: set[str] = set()
+        self._names_gen = 0
+        self._missing: set[str] = set()  # named, not judged yet
+        self._gen = 0  # moves whenever a score does
+        self._score_answer: tuple[int, int, str | None, list[int]] | None = None
         self.raw: dict[str, float] = {}  # scored nodes, whatever their verdict
         self.groups: dict[float, set[str]] = {}  # raw score -> its nodes
         self.values: list[float] = []  # the keys of `groups`, ascending
@@ -68,6 +81,19 @@ class VerdictTable:
 
     # -- keeping up -------------------------------------------------------------------
 
+    def named(self, names: list[str]) -> set[str] | None:
+        """The request's names as a set; None when one is named twice (the general
+        path answers that)."""
+        if names == self._names:
+            return self._nameset
+        nameset = set(names)
+        if len(nameset) != len(names):
+            return None
+        self._names, self._nameset = list(names), nameset
+        self._names_gen += 1
+        self._missing = nameset - self.entries.keys()
+        return nameset
+
     def update(
         self,
         cluster: ClusterState,
@@ -75,9 +101,10 @@ class VerdictTable:
         names: set[str],
         now: float,
     ) -> bool:
-        """Judge again what changed since the last update; False when some node has a
-        free degraded GPU (the general path ranks then: scoring.prefer_healthy)."""
-        missing = names - self.entries.keys()
+        """Judge again what changed since the last update, and the names (`named`)
+        not judged yet; False when some node has a free degraded GPU (the general
+        path ranks then: scoring.prefer_healthy)."""
+        missing, self._missing = self._missing, set()
         ch = cluster.changes(self.cursor, missing)
         self.cursor = ch.cursor
         if ch.changed is None:
@@ -110,6 +137,9 @@ class VerdictTable:
     def _clear(self) -> None:
         self.entries.clear()
         self.failed.clear()
+        self.messages.clear()
+        self.reasons.clear()
+        self._gen += 1
         self.raw.clear()
         self.parts.clear()
         self._states_scored.clear()
@@ -132,16 +162,20 @@ class VerdictTable:
         for run in filters:  # in order, each on what the ones before passed
             passed = run(passed, states, fresh, rejected)
         self.judged += len(batch)
-        entries, failed = self.entries, self.failed
+        entries, failed, reasons = self.entries, self.failed, self.reasons
         for n in batch:
             st, until = todo[n]
             old = entries.get(n)
             entries[n] = (st, until)
             why = rejected.get(n)
-            if why is None:
-                failed.pop(n, None)
-            else:
+            was = failed.pop(n, None)
+            if was is not None:
+                reasons[was.reason] -= 1
+                del self.messages[n]
+            if why is not None:
                 failed[n] = why
+                reasons[why.reason] += 1
+                self.messages[n] = self.describe(why)
             if fresh[n]:
                 heapq.heappush(self._expiry, (until, n))
             if old is None or old[0] is not st:
@@ -159,7 +193,11 @@ class VerdictTable:
             self.parts.pop(n, None)
             self._states_scored.pop(n, None)
         elif self._parts_of is not None:
-            self.parts[n] = self._parts_of(st, self.shape)
+            key, tie = self._parts_of(st, self.shape)
+            if math.isfinite(tie):
+                self.parts[n] = (key, tie)
+            else:  # its raw score is not finite whatever the key's part: unscored
+                self.parts.pop(n, None)
         else:
             self._states_scored[n] = st
 
@@ -172,7 +210,10 @@ class VerdictTable:
             if key in self._base:
                 base = self._base[key]
             else:
-                base = self._base[key] = self._key_score(key, self.shape)
+                base = self._key_score(key, self.shape)
+                if base is not None and not math.isfinite(base):
+                    base = None
+                self._base[key] = base
             if base is not None:
                 raw = base + tie
         elif self.scorer is not None and (st := self._states_scored.get(n)) is not None:
@@ -180,6 +221,9 @@ class VerdictTable:
         return raw if raw is not None and math.isfinite(raw) else None
 
     def _set_raw(self, n: str, raw: float | None) -> None:
+        if raw is not None and self.raw.get(n) == raw:
+            return
+        self._gen += 1
         old = self.raw.pop(n, None)
         if old is not None:
             group = self.groups[old]
@@ -198,9 +242,20 @@ class VerdictTable:
 
     def _rescore_all(self) -> None:
         """The scorer's tables changed (it learned): every node's score again."""
-        score = self._score
-        scored = self.parts if self._parts_of is not None else self._states_scored
-        self.raw = {n: raw for n in scored if (raw := score(n)) is not None}
+        self._gen += 1
+        if self._parts_of is not None and self._key_score is not None:
+            # One key_score per distinct key (nodes alike share one), then a sum each.
+            ks, shape, base = self._key_score, self.shape, self._base
+            for key in {key for key, _ in self.parts.values()} - base.keys():
+                b = ks(key, shape)
+                base[key] = b if b is not None and math.isfinite(b) else None
+            # Finite base plus finite tie-break (`_set_parts`): finite.
+            self.raw = {
+                n: b + tie for n, (key, tie) in self.parts.items() if (b := base[key]) is not None
+            }
+        else:
+            score = self._score
+            self.raw = {n: raw for n in self._states_scored if (raw := score(n)) is not None}
         groups: dict[float, set[str]] = {}
         for n, raw in self.raw.items():
             group = groups.get(raw)
@@ -219,7 +274,11 @@ class VerdictTable:
         unscored passing nodes in request order."""
         same = len(self.entries) == len(nameset)  # every node judged is named
         failed = self.failed
-        named_failed = failed if same else {n: r for n, r in failed.items() if n in nameset}
+        if same:
+            named_failed, reasons = self.messages, self.reasons
+        else:
+            named_failed = {n: m for n, m in self.messages.items() if n in nameset}
+            reasons = Counter(failed[n].reason for n in named_failed)
         n_passed = len(names) - len(named_failed)
         keep: list[str] = []
         if 0 < candidates < n_passed and self.scorer is not None:
@@ -239,11 +298,14 @@ class VerdictTable:
         else:
             outranked, passed = None, [n for n in names if n not in named_failed]
         states = {passed[0]: self.entries[passed[0]][0]} if len(passed) == 1 else {}
-        return FastFilter(passed, dict(named_failed), outranked, states)
+        return FastFilter(passed, dict(named_failed), +reasons, outranked, states)
 
     def score(self, names: list[str], nameset: set[str]) -> tuple[str | None, list[int]]:
         """framework.score's answer: (the pick, each named node's 0..10), as
         scoring.rank maps the raw scores of the named nodes that can host the pod."""
+        cached = self._score_answer
+        if cached is not None and cached[:2] == (self._gen, self._names_gen):
+            return cached[2], cached[3]  # nothing moved since the same request
         same = len(self.entries) == len(nameset)
         top: str | None = None
         gap = 0
@@ -262,14 +324,17 @@ class VerdictTable:
                 break
         level = {v: MAX_SCORE - i - gap for i, v in enumerate(distinct) if i + gap < MAX_SCORE}
         get = self.raw.get
-        return top, [MAX_SCORE if n == top else level.get(get(n, _NEVER), 0) for n in names]
+        scores = [MAX_SCORE if n == top else level.get(get(n, _NEVER), 0) for n in names]
+        self._score_answer = (self._gen, self._names_gen, top, scores)
+        return top, scores
 
 
 class VerdictTables:
     """The tables, one per (score plug-in, pod shape, filters), the most recently used
     `max_tables` kept."""
 
-    def __init__(self, max_tables: int = 16) -> None:
+    def __init__(self, describe: Callable[[Rejection], str], max_tables: int = 16) -> None:
+        self.describe = describe
         self.max_tables = max_tables
         self._tables: OrderedDict[tuple[object, ...], VerdictTable] = OrderedDict()
 
@@ -277,7 +342,7 @@ class VerdictTables:
         key = (scorer.name if scorer is not None else None, shape, filters)
         table = self._tables.get(key)
         if table is None or table.scorer is not scorer:
-            table = self._tables[key] = VerdictTable(scorer, shape)
+            table = self._tables[key] = VerdictTable(scorer, shape, self.describe)
         self._tables.move_to_end(key)
         if len(self._tables) > self.max_tables:
             self._tables.popitem(last=False)
