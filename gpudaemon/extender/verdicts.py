@@ -75,6 +75,7 @@ class VerdictTable:
         self._parts_of = getattr(scorer, "score_parts", None) if split else None
         self._key_score = getattr(scorer, "key_score", None) if split else None
         self.parts: dict[str, tuple[Hashable, float]] = {}  # node -> (key, tie-break)
+        self._alike: dict[tuple[Hashable, float], set[str]] = {}  # parts -> their nodes
         self._states_scored: dict[str, NodeState] = {}  # without parts: node -> state
         self._base: dict[Hashable, float | None] = {}  # key -> key_score, this version
         self.judged = 0  # nodes judged (for tests and benchmarks)
@@ -142,6 +143,7 @@ class VerdictTable:
         self._gen += 1
         self.raw.clear()
         self.parts.clear()
+        self._alike.clear()
         self._states_scored.clear()
         self.groups.clear()
         self.values.clear()
@@ -189,15 +191,20 @@ class VerdictTable:
     def _set_parts(self, n: str, st: NodeState | None) -> None:
         """What the node's score is made of: the scorer's version-free parts, or its
         state (the scorer asked when scoring). Only a node that can host the pod."""
+        old = self.parts.pop(n, None)
+        if old is not None:
+            alike = self._alike[old]
+            alike.discard(n)
+            if not alike:
+                del self._alike[old]
         if st is None or self.scorer is None or not st.can_host(self.shape):
-            self.parts.pop(n, None)
             self._states_scored.pop(n, None)
         elif self._parts_of is not None:
-            key, tie = self._parts_of(st, self.shape)
-            if math.isfinite(tie):
-                self.parts[n] = (key, tie)
-            else:  # its raw score is not finite whatever the key's part: unscored
-                self.parts.pop(n, None)
+            parts = self._parts_of(st, self.shape)
+            # A tie-break that is not finite: so is the raw score, whatever the key's part.
+            if math.isfinite(parts[1]):
+                self.parts[n] = parts
+                self._alike.setdefault(parts, set()).add(n)
         else:
             self._states_scored[n] = st
 
@@ -244,15 +251,28 @@ class VerdictTable:
         """The scorer's tables changed (it learned): every node's score again."""
         self._gen += 1
         if self._parts_of is not None and self._key_score is not None:
-            # One key_score per distinct key (nodes alike share one), then a sum each.
+            # One key_score per distinct key, one sum per set of nodes with equal parts
+            # (a fleet has few node kinds); finite base plus finite tie-break: finite.
             ks, shape, base = self._key_score, self.shape, self._base
-            for key in {key for key, _ in self.parts.values()} - base.keys():
-                b = ks(key, shape)
-                base[key] = b if b is not None and math.isfinite(b) else None
-            # Finite base plus finite tie-break (`_set_parts`): finite.
-            self.raw = {
-                n: b + tie for n, (key, tie) in self.parts.items() if (b := base[key]) is not None
-            }
+            scores: dict[str, float] = {}
+            by_value: dict[float, set[str]] = {}
+            for (key, tie), nodes in self._alike.items():
+                if key in base:
+                    b = base[key]
+                else:
+                    b = ks(key, shape)
+                    b = base[key] = b if b is not None and math.isfinite(b) else None
+                if b is None:
+                    continue
+                r = b + tie
+                scores.update(dict.fromkeys(nodes, r))
+                into = by_value.get(r)
+                if into is None:
+                    by_value[r] = set(nodes)
+                else:
+                    into |= nodes
+            self.raw, self.groups, self.values = scores, by_value, sorted(by_value)
+            return
         else:
             score = self._score
             self.raw = {n: raw for n in self._states_scored if (raw := score(n)) is not None}
