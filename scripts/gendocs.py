@@ -800,8 +800,36 @@ def _schema_and_checks() -> tuple[dict[str, Any], dict[str, Any]]:
                     "tolerations": LIST,
                 }
             ),
+            "statusReader": obj(
+                {
+                    "enabled": B,
+                    # RBAC subjects bound to the status reader's ClusterRole and Role
+                    "subjects": {
+                        "type": "array",
+                        "items": obj(
+                            {
+                                "kind": {"enum": ["User", "Group", "ServiceAccount"]},
+                                "name": {"type": "string", "minLength": 1},
+                                "namespace": S,
+                                "apiGroup": S,
+                            },
+                            ["kind", "name"],
+                        ),
+                    },
+                }
+            ),
             "networkPolicy": obj({"enabled": B, "metricsFrom": LIST, "extenderFrom": LIST}),
             "dra": obj({"enabled": B}),
+            "remediation": obj(
+                {
+                    "resetGpu": B,
+                    "config": {
+                        "$ref": "#/$defs/RemediationConfig",
+                        "description": "the remediation section both programs read; "
+                        "reset_gpu is the chart's (resetGpu)",
+                    },
+                }
+            ),
         },
     }
     schema["$defs"] = {**defs, "GpudaemonConfig": model}

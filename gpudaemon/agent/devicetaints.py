@@ -30,9 +30,10 @@ from typing import Any, Protocol
 
 from loguru import logger
 
-from gpudaemon.agent.resourceslices import DRIVER, DraDevice, SliceIndex
+from gpudaemon.agent.resourceslices import DraDevice, SliceIndex
 from gpudaemon.errors import KubeError, KubeNotFoundError
 from gpudaemon.kube.backoff import Backoff
+from gpudaemon.kube.draslices import DRIVER
 from gpudaemon.labels.sanitize import sanitize_value
 from gpudaemon.logsetup import LogLimiter
 from gpudaemon.schedule import Job

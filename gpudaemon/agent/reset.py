@@ -80,6 +80,7 @@ class GpuResetter:
         self._raw: dict[str, GpuSample] = {}  # uuid -> its last sample as NVML judged it
         self._escalated: set[str] = set()  # told by an Event
         self._gauged: set[str] = set()  # with an escalation series
+        self._local_resets: dict[str, list[float]] = {}  # when there is no fault record
         self._bad_grant = LogLimiter()
 
     # -- inputs (other threads) -------------------------------------------------------
@@ -129,7 +130,10 @@ class GpuResetter:
         self._gauged.add(s.uuid)
 
     def _resets(self, uuid: str) -> int:
-        return self.memory.resets_within(uuid, DAY_S) if self.memory is not None else 0
+        if self.memory is not None:
+            return self.memory.resets_within(uuid, DAY_S)
+        since = self.wall() - DAY_S
+        return sum(1 for t in self._local_resets.get(uuid, ()) if t >= since)
 
     def _spent(self, uuid: str) -> bool:
         return self._resets(uuid) >= self.cfg.max_attempts
@@ -228,6 +232,8 @@ class GpuResetter:
                        info.index, info.uuid, reason)  # fmt: skip
         if self.memory is not None:
             self.memory.record_reset(info.uuid)
+        else:  # no fault record kept (health.state_file ""): this process counts
+            self._local_resets.setdefault(info.uuid, []).append(self.wall())
         result = self.backend.reset_gpu(info.index, self.cfg.nvidia_smi, self.cfg.reset_timeout_s)
         outcome, why = "success", ""
         if result.busy:

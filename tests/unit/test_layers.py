@@ -127,7 +127,8 @@ def layer_of(module: str) -> str:
     top-level module has to be placed in the table."""
     parts = module.split(".")[1:] or ["__init__"]
     head = parts[0]
-    if head in ("cli", "__main__"):
+    # `gpudaemon cleanup` undoes what every program wrote: a command of the dispatcher's.
+    if head in ("cli", "__main__", "cleanup"):
         return "cli"
     if head in ROOT:
         return "root"

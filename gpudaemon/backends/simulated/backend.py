@@ -278,6 +278,8 @@ class SimulatedBackend:
                         keep.append(f)
                     elif f.after_s <= elapsed:
                         events.post(g.info.index, f.xid, f.count)
+                        if f.persistent:
+                            g.persistent.append(f)  # a reset fires it again
                     else:
                         keep.append(f)
                         wait = f.after_s - elapsed

@@ -59,8 +59,11 @@ def test_default_values_render_agent_extender_scheduler_and_policy(helm: str) ->
     docs = template(helm)
     assert kinds(docs) == [
         "ClusterRole/gpudaemon-agent",
+        "ClusterRole/gpudaemon-cleanup",  # the post-delete hook's (helm uninstall)
         "ClusterRole/gpudaemon-extender",
+        "ClusterRole/gpudaemon-status-reader",  # bound to nobody by default
         "ClusterRoleBinding/gpudaemon-agent",
+        "ClusterRoleBinding/gpudaemon-cleanup",
         "ClusterRoleBinding/gpudaemon-extender",
         "ClusterRoleBinding/gpudaemon-scheduler-as-kube-scheduler",
         "ClusterRoleBinding/gpudaemon-scheduler-as-volume-scheduler",
@@ -71,17 +74,22 @@ def test_default_values_render_agent_extender_scheduler_and_policy(helm: str) ->
         "ConfigMap/gpudaemon-scheduler",
         "DaemonSet/gpudaemon",
         "Deployment/gpudaemon-scheduler",  # with the extender as a sidecar (issue 17)
+        "Job/gpudaemon-cleanup",
         "NetworkPolicy/gpudaemon-agent",
         "NetworkPolicy/gpudaemon-scheduler",
         "Role/gpudaemon-agent-leases",
+        "Role/gpudaemon-cleanup",
         "Role/gpudaemon-extender-leases",
         "Role/gpudaemon-scheduler-leader-election",
+        "Role/gpudaemon-status-reader",
         "RoleBinding/gpudaemon-agent-leases",
+        "RoleBinding/gpudaemon-cleanup",
         "RoleBinding/gpudaemon-extender-leases",
         "RoleBinding/gpudaemon-scheduler-extension-apiserver-authentication-reader",
         "RoleBinding/gpudaemon-scheduler-leader-election",
         "Service/gpudaemon",
         "ServiceAccount/gpudaemon",
+        "ServiceAccount/gpudaemon-cleanup",
         "ServiceAccount/gpudaemon-scheduler",
         "ValidatingAdmissionPolicy/gpudaemon-agent-node-keys",
         "ValidatingAdmissionPolicy/gpudaemon-agent-own-lease",
@@ -120,7 +128,7 @@ def test_crd_backed_objects_render_only_when_the_api_exists_or_forced(helm: str)
 def test_extender_and_scheduler_can_be_switched_off(helm: str) -> None:
     docs = template(helm, "--set", "extender.enabled=false", "--set", "scheduler.enabled=false")
     components = {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in docs}
-    assert components == {"agent", "dashboards"}
+    assert components == {"agent", "dashboards", "cleanup", "status"}
 
 
 def test_gang_modes_workload_coscheduling_and_the_older_switch(helm: str) -> None:

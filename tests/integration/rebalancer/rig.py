@@ -152,16 +152,17 @@ class RebalanceRig(SchedulerRig):
             )
         )
 
-    def live_agent(self, node: str) -> Agent:
+    def live_agent(self, node: str, simulate: str = "dgx-h100", **more: Any) -> Agent:
         """The real agent, running on its cron schedules (every second here), with the
-        stand-in's pod-resources socket: it publishes which pod holds which GPU."""
+        stand-in's pod-resources socket: it publishes which pod holds which GPU. `more`:
+        more configuration sections (remediation)."""
         socket = self.dir / f"kubelet-{node}.sock"
         self.kubelet.serve(node, socket)
         cfg = load_config(
             None,
             environ={},
             overrides={
-                "simulate": "dgx-h100",
+                "simulate": simulate,
                 "node_name": node,
                 "labels": {"to": "apiserver"},
                 "schedules": {"telemetry": "* * * * * *", "labels": "* * * * * *",
@@ -169,6 +170,7 @@ class RebalanceRig(SchedulerRig):
                 "metrics": {"listen": "127.0.0.1:0", "pod_resources_socket": str(socket)},
                 "health": {"state_file": ""},
                 "kubernetes": {"kubeconfig": str(self.cp.agent_kubeconfig)},
+                **more,
             },
         )  # fmt: skip
         agent = Agent(cfg)
@@ -179,15 +181,17 @@ class RebalanceRig(SchedulerRig):
         wait_for(lambda: self.cp.lease(node), 30, what=f"{node}'s Lease")
         return agent
 
-    def start_rebalancer(self, name: str, apply: bool, dra: bool = False, **rebalance: Any) -> str:
+    def start_rebalancer(self, name: str, apply: bool, dra: bool = False,
+                         remediation: dict[str, Any] | None = None, **rebalance: Any) -> str:  # fmt: skip
         """A real `gpudaemon rebalance` process; returns its metrics URL. `dra`: the
-        `dra.enabled` switch."""
+        `dra.enabled` switch; `remediation`: that section."""
         addr = f"127.0.0.1:{free_port()}"
         cfg = self.dir / f"rebalance-{name}.yaml"
         conf = {"interval_s": 1, "grace_s": 2, "lease_duration_s": 6, **rebalance}
         cfg.write_text(
             yaml.safe_dump(
                 {
+                    **({"remediation": remediation} if remediation else {}),
                     "rebalance": conf,
                     "extender": {"policy": "binpack"},
                     "dra": {"enabled": dra},

@@ -195,3 +195,26 @@ def test_the_simulator_reset_clears_what_a_reset_clears_and_keeps_the_rest() -> 
     assert g.remap_failed  # a remap failure needs the GPU replaced
     s = b.sample()[0]
     assert (s.health_state, s.health_action) == ("unhealthy", "replace")
+
+
+def test_a_persistent_xid_comes_back_through_the_event_path_too() -> None:
+    """With a listener, XID faults are driver events (as on a GPU node): the persistent
+    one must fire again after a reset there as well."""
+    b = backend()
+    b.inventory()
+    seen: list[tuple[int, int]] = []
+    b.subscribe(lambda i, x: seen.append((i, x)))
+    try:
+        b.inject(1, FaultSpec(kind="xid", xid=48, persistent=True))
+        deadline = time.monotonic() + 5
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen == [(1, 48)]
+        assert b.reset_gpu(1, "/unused", 5).ok
+        deadline = time.monotonic() + 5
+        while len(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen == [(1, 48), (1, 48)]
+        assert b.sample()[1].health_action == "reset_gpu"
+    finally:
+        b.close()

@@ -122,6 +122,7 @@ values. */}}
   "metrics" (dict "listen" "0.0.0.0:9445")
   "kubernetes" (dict "lease_namespace" .Release.Namespace)
   "dra" (dict "enabled" .Values.dra.enabled)
+  "remediation" (include "gpudaemon.remediation" . | fromYaml)
 -}}
 {{- if not .Values.agent.podResources.enabled -}}
 {{- $_ := set $managed.metrics "pod_resources_socket" "" -}}
@@ -262,6 +263,7 @@ pods it makes room for, the Lease namespace, the label prefix, dry run). */}}
   "kubernetes" (dict "lease_namespace" .Release.Namespace)
   "extender" (dict "policy" .Values.extender.policy)
   "dra" (dict "enabled" (and (.Values.dra).enabled true))
+  "remediation" (include "gpudaemon.remediation" . | fromYaml)
   "rebalance" (dict
     "dry_run" (not $r.apply)
     "listen" (printf "0.0.0.0:%d" (int $r.metricsPort))
@@ -306,4 +308,11 @@ walked so far, as the message names it. A value that is not a string is the sche
 {{- include "gpudaemon.checkValue" (dict "v" (get .v $key) "path" (rest .path) "at" (ternary $key (printf "%s.%s" .at $key) (eq .at "")) "kind" .kind) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The `remediation` section both the agent and the rebalancer read: the user's
+settings under the one switch. */}}
+{{- define "gpudaemon.remediation" -}}
+{{- $r := .Values.remediation | default dict -}}
+{{- toYaml (mustMergeOverwrite (deepCopy ($r.config | default dict)) (dict "reset_gpu" (and $r.resetGpu true))) -}}
 {{- end -}}
