@@ -8,6 +8,10 @@ free-GPU rule (cluster/state.py: allocatable - requested - unhealthy) and the on
 freshness rule (an unexpired Lease owned by this Node object). A node whose data is not
 fresh shows its healthy and free GPUs as unknown (None), never as a guess, and says why.
 
+On a DRA cluster (any ResourceSlice) the DRA objects go into the same ClusterState,
+so a node's GPUs published by NVIDIA's DRA driver and the devices allocated to claims
+count as the extender counts them.
+
 The agents' Leases are where the chart put them: `-n` names that namespace; without it,
 the Leases are found by their label (`NODE_LEASE_SELECTOR`) in every namespace with one
 list the API server filters, and only when none is found (agents older than the label,
@@ -27,7 +31,8 @@ from datetime import UTC
 from typing import Any
 
 from gpudaemon.cluster.clusterstate import ClusterState
-from gpudaemon.cluster.metrics import node_gpus
+from gpudaemon.cluster.drawatch import DRA_PATH
+from gpudaemon.cluster.metrics import DRA_KINDS, node_gpus
 from gpudaemon.cluster.podspec import GPU_RESOURCE
 from gpudaemon.errors import BadValueError, KubeForbiddenError, KubeNotFoundError
 from gpudaemon.kube.client import NODE_LEASE_SELECTOR, KubeClient
@@ -150,9 +155,15 @@ def collect(
     found = find_leases(client, lease_namespace, fallback_namespace)
     leases = list(found.by_node.values())
     wall = now if now is not None else time.time()
-    cluster = ClusterState(prefix, wall=lambda: wall)
+    slices = _list_all(client, DRA_PATH + "resourceslices")
+    cluster = ClusterState(prefix, wall=lambda: wall, dra=bool(slices))
     cluster.replace_nodes(gpu_nodes)
     cluster.replace_leases(leases)
+    if slices:  # a DRA cluster: its GPUs and claims counted as the extender counts them
+        cluster.dra_replace("resourceslices")(slices)
+        for kind in DRA_KINDS:
+            if kind != "resourceslices":
+                cluster.dra_replace(kind)(_list_all(client, DRA_PATH + kind))
     # Page by page into the usage counts: a big cluster's pods are never all in memory.
     query = {"fieldSelector": f"spec.nodeName!=,{TERMINAL}"}
     for page, _ in client.pages("/api/v1/pods", query):
@@ -198,6 +209,16 @@ def collect(
             )
         )
     return sorted(rows, key=lambda r: r.name)
+
+
+def _list_all(client: KubeClient, path: str) -> list[dict[str, Any]]:
+    """Every object of a DRA kind, page by page; none where the API server does not
+    serve it (before 1.34, or DeviceTaintRule before 1.37) or this user may not read
+    it: `status` then counts as the extender does without DRA."""
+    try:
+        return [o for page, _ in client.pages(path) for o in page]
+    except (KubeNotFoundError, KubeForbiddenError):
+        return []
 
 
 def _unavailable(node: Mapping[str, Any]) -> str:

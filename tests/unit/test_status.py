@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpudaemon.cluster.clusterstate import ClusterState
-from gpudaemon.errors import KubeForbiddenError
+from gpudaemon.errors import KubeForbiddenError, KubeNotFoundError
 from gpudaemon.extender.metrics import NodeCollector
 from gpudaemon.kube.client import NODE_LEASE_LABELS, NODE_LEASE_SELECTOR
 from gpudaemon.status import as_json, as_table, collect
@@ -72,6 +72,8 @@ class FakeClient:
                 raise KubeForbiddenError("GET leases: HTTP 403: forbidden", 403)
             return list(self.objs.get("labelled", [])), "1"
         key = "leases" if "leases" in path else path
+        if key not in self.objs and path.startswith("/apis/resource.k8s.io/"):
+            raise KubeNotFoundError(f"GET {path}: HTTP 404: the server could not find it", 404)
         return list(self.objs[key]), "1"
 
     def pages(
@@ -278,3 +280,35 @@ def test_a_released_lease_says_the_agent_stopped() -> None:
                                 now=NOW) if r.name == "c")  # type: ignore[arg-type]  # fmt: skip
     assert not c.fresh
     assert c.stale_reason == "the agent stopped (released its Lease) 2s ago"
+
+
+def test_on_a_dra_cluster_status_counts_what_the_extender_counts() -> None:
+    """GPUs published in ResourceSlices and devices allocated to claims: the same
+    ClusterState, fed the same objects as the extender's DRA informers, gives the same
+    total and free; a pool in two generations counts once."""
+    from tests.dra_objects import claim, device_class, nvidia_slice
+
+    node = node_obj("d", uid="ud", util=[0] * 8)
+    node["status"]["allocatable"].pop("nvidia.com/gpu", None)
+    node["status"]["capacity"] = {}
+    old, new = nvidia_slice("d", name="d-old"), nvidia_slice("d", name="d-new")
+    new["spec"]["pool"]["generation"] = 2
+    held = claim("train", 3, allocated=("d", ["gpu-0", "gpu-1", "gpu-2"]))
+    objs = {
+        "/api/v1/nodes": [node],
+        "leases": [lease_obj("d", NOW - 10, 360, owner_uid="ud")],
+        "/api/v1/pods": [],
+        "/apis/resource.k8s.io/v1/resourceslices": [old, new],
+        "/apis/resource.k8s.io/v1/resourceclaims": [held],
+        "/apis/resource.k8s.io/v1/deviceclasses": [device_class()],
+        "/apis/resource.k8s.io/v1/resourceclaimtemplates": [],
+    }  # devicetaintrules: not served (404), as before 1.37
+    [row] = collect(FakeClient(objs), prefix=P, lease_namespace="gpudaemon", now=NOW)
+    cluster = ClusterState(P, wall=lambda: NOW, dra=True)
+    cluster.replace_nodes([node])
+    cluster.replace_leases(objs["leases"])
+    for kind in ("resourceslices", "resourceclaims", "deviceclasses"):
+        cluster.dra_replace(kind)(objs[f"/apis/resource.k8s.io/v1/{kind}"])
+    st = cluster.snapshot(["d"]).states["d"]
+    assert st is not None
+    assert (row.total, row.free) == (8, st.gpus_free) == (8, 5)
