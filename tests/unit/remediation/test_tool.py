@@ -123,3 +123,32 @@ def test_a_grant_round_trips_and_hostile_ones_are_one_error() -> None:
                 "x" * 5000, '{"uuid":' * 50):  # fmt: skip
         with pytest.raises(BadValueError):
             grants.parse(bad, "k")
+
+
+def test_the_nvml_backend_lets_go_of_nvml_for_the_reset_and_starts_again(tmp_path: Path) -> None:
+    """NvmlBackend.reset_gpu against a fake pynvml and a fake nvidia-smi: NVML is shut
+    down while the tool runs (an open NVML client keeps the GPU "in use" to it), the
+    GPU's own counts start again after a good reset, and the next sample inits again."""
+    from gpudaemon.backends.nvml import NvmlBackend
+    from tests.unit.fake_nvml import FakeGpu, FakeNvml
+
+    fake = FakeNvml([FakeGpu(), FakeGpu(uuid=UUID)])
+    b = NvmlBackend(nvml=fake, xid_events=False)  # type: ignore[arg-type]
+    b.inventory()
+    b.record_xid(1, 48)
+    assert b.sample()[1].health_reason == "xid 48"
+    log = tmp_path / "calls"
+    tool = fake_tool(
+        tmp_path, f'echo "$3" >> {log}\necho "GPU 00000000:28:00.0 was successfully reset."\n'
+    )
+    before = fake.shutdowns
+    r = b.reset_gpu(1, tool, 10)
+    assert r.ok and fake.shutdowns == before + 1 and log.read_text() == f"{UUID}\n"
+    s = b.sample()  # NVML is initialised again by the next call
+    assert s[1].healthy and s[1].xid_errors_total == {}
+    # A failed reset keeps the counts: the fault is still there.
+    b.record_xid(1, 48)
+    r = b.reset_gpu(1, fake_tool(tmp_path, "exit 3\n"), 10)
+    assert not r.ok and r.code == 3 and b.sample()[1].health_reason == "xid 48"
+    assert not b.reset_gpu(7, tool, 10).ok  # not in the inventory: one line, no tool run
+    assert log.read_text() == f"{UUID}\n"
