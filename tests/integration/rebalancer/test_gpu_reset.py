@@ -243,3 +243,83 @@ def test_what_a_reset_cannot_fix_is_never_reset_or_escalates(rig: RebalanceRig) 
              what="the node's GPU pods drained once it is cordoned")  # fmt: skip
     rig.stop_rebalancers()
     rig.delete(f"/apis/apps/v1/namespaces/{NS}/deployments/crew")
+
+
+class GrantWatcher:
+    """The most Nodes seen holding a reset grant at once, polling every 0.1 s."""
+
+    def __init__(self, rig: RebalanceRig, nodes: list[str]) -> None:
+        self.rig, self.nodes = rig, nodes
+        self.most = 0
+        self.ever: set[str] = set()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.1):
+            try:
+                held = {n for n in self.nodes
+                        if P + "gpu-reset" in (self.rig.cp.node(n)["metadata"].get("annotations") or {})}  # fmt: skip
+            except Exception:  # a poll that fails is retried
+                continue
+            self.ever |= held
+            self.most = max(self.most, len(held))
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+
+
+def test_the_fleet_limit_and_the_circuit_breaker_hold_resets_back(rig: RebalanceRig) -> None:
+    """Three nodes each with a GPU asking for a reset, max_concurrent 1: one grant at a
+    time, all three reset in turn. Then, with the circuit breaker's share set below what
+    just happened, a new fault gets no grant at all."""
+    grant_agents_events(rig)
+    profile = idle_profile(rig)
+    nodes = ["conc-a", "conc-b", "conc-c"]
+    agent_rem = {"reset_gpu": True, "settle_s": 4}
+    for n in nodes:
+        rig.add_node(n, "conc")
+        rig.live_agent(n, simulate=profile, remediation=agent_rem, health={"state_file": "auto"})
+    rig.wait_extender_sees(nodes)
+    rem = {"reset_gpu": True, "max_concurrent": 1, "max_unhealthy_fraction": 1.0}
+    url = rig.start_rebalancer("conc", apply=True, remediation=rem)
+    watch = GrantWatcher(rig, nodes)
+    try:
+        for n in nodes:
+            backend = rig.agents[n].backend
+            assert isinstance(backend, SimulatedBackend)
+            backend.inject(0, FaultSpec(kind="recovery_action", action="gpu_reset"))
+        try:
+            wait_for(lambda: all(node_events(rig, n, "GPUReset") for n in nodes), 120,
+                     what="each node's GPU reset in turn")  # fmt: skip
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{rig.rebalancer_log('conc')[-4000:]}") from None
+        assert watch.most == 1 and watch.ever == set(nodes)
+        assert metric(url, RESETS, result="granted") == 3
+        assert metric(url, RESETS, result="concurrency") >= 1  # the others were held back
+    finally:
+        watch.close()
+    rig.stop_rebalancers()
+
+    # The breaker: three GPUs of the fleet turned unhealthy within window_s; with the
+    # share set below that, a new fault waits, counted and shown, with no grant.
+    rem = {"reset_gpu": True, "max_unhealthy_fraction": 0.01, "window_s": 3600}
+    url = rig.start_rebalancer("breaker", apply=True, remediation=rem)
+    watch = GrantWatcher(rig, nodes)
+    try:
+        backend = rig.agents["conc-a"].backend
+        assert isinstance(backend, SimulatedBackend)
+        backend.inject(1, FaultSpec(kind="recovery_action", action="gpu_reset"))
+        wait_for(lambda: metric(url, "gpudaemon_rebalancer_reset_breaker_open") == 1, 60,
+                 what="the circuit breaker open")  # fmt: skip
+        passes = metric(url, "gpudaemon_rebalancer_passes_total")
+        wait_for(lambda: metric(url, "gpudaemon_rebalancer_passes_total") >= passes + 8, 60,
+                 what="eight more passes")  # fmt: skip
+        assert watch.ever == set() and metric(url, RESETS, result="granted") == 0
+        assert metric(url, RESETS, result="breaker_open") >= 1
+        assert len(node_events(rig, "conc-a", "GPUReset")) == 1  # the first one only
+    finally:
+        watch.close()
+    rig.stop_rebalancers()
