@@ -1,11 +1,12 @@
 """A pod's effective requests, by the same rule kube-scheduler uses.
 
 effective = max(sum(app containers) + sum(restartable init "sidecars"),
-                max over init containers of (its request + sidecars started before it))
+                max over init containers of (its request + sidecars started before it)),
+            with pod-level spec.resources replacing CPU, memory and hugepages,
             + pod overhead
 
 Only `requests` count (a limit with no request defaults the request to the limit, as
-the API server does for extended resources, so both are read).
+the API server does, so both are read).
 """
 
 from __future__ import annotations
@@ -67,21 +68,23 @@ def quantity(value: object) -> float:
 Resources = dict[str, float]
 
 
-def _container_requests(c: Mapping[str, Any]) -> Resources:
-    res = c.get("resources") or {}
-    limits = res.get("limits") or {}
-    requests = res.get("requests") or {}
+def requests_of(res: object) -> Resources:
+    """A container's (or the pod's own) requests, every resource: a limit alone is the
+    request, as the API server defaults it. Bad quantity -> ValueError."""
+    if not isinstance(res, Mapping):
+        return {}
     out: Resources = {}
-    for name in (GPU_RESOURCE, "cpu", "memory"):
-        if name in requests:
-            out[name] = quantity(requests[name])
-        elif name == GPU_RESOURCE and name in limits:  # extended: request defaults to limit
-            out[name] = quantity(limits[name])
-    for where in (limits, requests):  # requests win: read last
-        for name, v in where.items():
-            if isinstance(name, str) and name.startswith(MIG_RESOURCE_PREFIX):
-                out[name] = quantity(v)
+    for where in (res.get("limits"), res.get("requests")):  # requests win: read last
+        if isinstance(where, Mapping):
+            for name, v in where.items():
+                out[str(name)] = quantity(v)
     return out
+
+
+def is_pod_level_resource(name: str) -> bool:
+    """What pod-level `spec.resources` may set, and so replaces the containers' sum:
+    CPU, memory and hugepages (the API server refuses any other)."""
+    return name in ("cpu", "memory") or name.startswith("hugepages-")
 
 
 def _add(a: Resources, b: Mapping[str, float]) -> Resources:
@@ -98,25 +101,35 @@ def _max(a: Resources, b: Mapping[str, float]) -> Resources:
     return out
 
 
-def pod_requests(pod: Mapping[str, Any]) -> Resources:
-    """Effective requests of GPUs, MIG devices by resource, CPU (cores) and memory
-    (bytes) for the pod."""
-    spec = pod.get("spec") or {}
+def effective_requests(spec: Mapping[str, Any]) -> Resources:
+    """Every resource a pod asks for, by kube-scheduler's rule (resource.PodRequests):
+    the containers' sum with the sidecars, or an init container's peak if higher;
+    pod-level `spec.resources` replacing what it sets (CPU, memory, hugepages); plus the
+    overhead. In base units (cores, bytes, devices), unrounded. The one rule: the
+    extender's pod shape (`pod_requests`) and the rebalancer's fit (rebalancer/fits.py)
+    both read it."""
     total: Resources = {}
     for c in spec.get("containers") or []:
-        total = _add(total, _container_requests(c))
+        total = _add(total, requests_of(c.get("resources")))
     sidecars: Resources = {}
     init_peak: Resources = {}
     for c in spec.get("initContainers") or []:
-        req = _container_requests(c)
+        req = requests_of(c.get("resources"))
         if c.get("restartPolicy") == "Always":  # a sidecar: runs beside what follows
             sidecars = _add(sidecars, req)
             init_peak = _max(init_peak, sidecars)
         else:
             init_peak = _max(init_peak, _add(req, sidecars))
     total = _max(_add(total, sidecars), init_peak)
-    overhead = {k: quantity(v) for k, v in (spec.get("overhead") or {}).items()}
-    return _add(total, {k: v for k, v in overhead.items() if k in ("cpu", "memory")})
+    pod_level = requests_of(spec.get("resources"))
+    total.update({k: v for k, v in pod_level.items() if is_pod_level_resource(k)})
+    overhead = {str(k): quantity(v) for k, v in (spec.get("overhead") or {}).items()}
+    return _add(total, overhead)
+
+
+def pod_requests(pod: Mapping[str, Any]) -> Resources:
+    """The pod's effective requests (`effective_requests` of its spec)."""
+    return effective_requests(pod.get("spec") or {})
 
 
 def gpu_models(pod: Mapping[str, Any], product_label: str) -> frozenset[str] | None:

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudaemon.cluster.podspec import quantity
+from gpudaemon.cluster.podspec import effective_requests, quantity
 
 Taint = tuple[str, str, str]  # (key, value, effect)
 UNSCHEDULABLE_TAINT: Taint = ("node.kubernetes.io/unschedulable", "", "NoSchedule")
@@ -121,22 +121,7 @@ class NodeFit:
 
 def amount(resource: str, value: object) -> int:
     """One quantity in the unit compared: millicores for cpu, else rounded-up units."""
-    v = quantity(value)
-    if resource == "cpu":
-        return math.ceil(round(v * 1000, 6))
-    return math.ceil(round(v, 6))
-
-
-def _requests(res: Any) -> dict[str, int]:
-    """A container's (or the pod's) requests; a limit alone is the request, as the API
-    server defaults it."""
-    if not isinstance(res, Mapping):
-        return {}
-    out: dict[str, int] = {}
-    for where in (res.get("limits") or {}, res.get("requests") or {}):  # requests win
-        for name, v in where.items():
-            out[str(name)] = amount(str(name), v)
-    return out
+    return units(resource, quantity(value))
 
 
 def _add(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
@@ -146,33 +131,17 @@ def _add(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
-def _max(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = max(out.get(k, 0), v)
-    return out
+def units(resource: str, v: float) -> int:
+    """An effective request in the unit compared: millicores for cpu, else rounded-up
+    units (resource.Quantity's MilliValue()/Value())."""
+    return math.ceil(round(v * 1000, 6)) if resource == "cpu" else math.ceil(round(v, 6))
 
 
 def pod_requests(spec: Mapping[str, Any]) -> dict[str, int]:
-    """Every resource the pod asks for, by the scheduler's rule: max(sum of containers
-    plus sidecars, each init container's peak), pod-level resources replacing what they
-    set, plus overhead, plus one `pods`. Bad quantity -> ValueError."""
-    total: dict[str, int] = {}
-    for c in spec.get("containers") or []:
-        total = _add(total, _requests(c.get("resources")))
-    sidecars: dict[str, int] = {}
-    peak: dict[str, int] = {}
-    for c in spec.get("initContainers") or []:
-        req = _requests(c.get("resources"))
-        if c.get("restartPolicy") == "Always":  # a sidecar runs beside what follows
-            sidecars = _add(sidecars, req)
-            peak = _max(peak, sidecars)
-        else:
-            peak = _max(peak, _add(req, sidecars))
-    total = _max(_add(total, sidecars), peak)
-    total.update(_requests(spec.get("resources")))  # pod-level resources win (1.32+)
-    overhead = {str(k): amount(str(k), v) for k, v in (spec.get("overhead") or {}).items()}
-    return {k: v for k, v in _add(_add(total, overhead), {"pods": 1}).items() if v > 0}
+    """Every resource the pod asks for, by the one rule the extender uses too
+    (cluster/podspec.effective_requests), plus one `pods`. Bad quantity -> ValueError."""
+    reqs = {k: units(k, v) for k, v in effective_requests(spec).items()}
+    return {k: v for k, v in _add(reqs, {"pods": 1}).items() if v > 0}
 
 
 def _unjudgeable(spec: Mapping[str, Any]) -> str:

@@ -54,6 +54,14 @@ def c(requests: dict[str, Any] | None = None, limits: dict[str, Any] | None = No
         ({"containers": [c({"cpu": "1"})], "resources": {"requests": {"cpu": "8"}}},
          {"cpu": 8000, "pods": 1}),
         ({"containers": [c({"cpu": "0.0001"})]}, {"cpu": 1, "pods": 1}),  # rounded up
+        # ... but only CPU, memory and hugepages: a GPU still adds up per container.
+        ({"containers": [c({"cpu": "1", "nvidia.com/gpu": "2"}), c({"nvidia.com/gpu": "1"})],
+          "initContainers": [c({"cpu": "500m"}, restartPolicy="Always")],
+          "resources": {"requests": {"cpu": "8", "memory": "32Gi"}}},
+         {"cpu": 8000, "memory": 32 << 30, "nvidia.com/gpu": 3, "pods": 1}),
+        # A pod-level limit alone is the pod-level request.
+        ({"containers": [c({"cpu": "1"})], "resources": {"limits": {"cpu": "4"}}},
+         {"cpu": 4000, "pods": 1}),
     ],
 )  # fmt: skip
 def test_pod_requests_follow_the_schedulers_rule(
@@ -235,3 +243,33 @@ def test_other_pods_required_anti_affinity_keeps_the_pod_out_of_their_domain() -
     any_ns = {**term, "namespaceSelector": {}}
     other2 = type(other)(**{**other.__dict__, "anti_affinity": (any_ns,)})
     assert excluded_domains(elsewhere, [(other2, there)]) == {("zone", "a")}
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"containers": [c({"cpu": "1", "nvidia.com/gpu": "8"})],
+         "resources": {"requests": {"cpu": "8", "memory": "64Gi"}}},
+        {"containers": [c({"cpu": "2"}, {"nvidia.com/gpu": "1"})],
+         "initContainers": [c({"cpu": "6", "memory": "1Gi"}),
+                            c({"cpu": "1"}, restartPolicy="Always")],
+         "overhead": {"cpu": "250m", "memory": "128Mi"}},
+        {"containers": [c(limits={"cpu": "3", "memory": "2Gi", "nvidia.com/mig-1g.10gb": "2"})]},
+    ],
+)  # fmt: skip
+def test_the_extender_and_the_rebalancer_read_one_pod_request_rule(spec: dict[str, Any]) -> None:
+    """One rule (cluster/podspec.effective_requests): the extender's pod shape and the
+    rebalancer's fit give the same CPU, memory and GPUs for the same pod (a pod with
+    pod-level resources once got 1 CPU from one and 8 from the other)."""
+    from gpudaemon.cluster.podspec import pod_shape
+
+    shape = pod_shape({"spec": spec}, "gpudaemon.io/gpu.product")
+    fit = pod_requests(spec)
+    assert shape.cpu_milli == fit.get("cpu", 0)
+    assert shape.memory_bytes == fit.get("memory", 0)
+    assert shape.gpus == fit.get("nvidia.com/gpu", 0)
+    assert dict(shape.mig) == {
+        k.removeprefix("nvidia.com/mig-"): v
+        for k, v in fit.items()
+        if k.startswith("nvidia.com/mig-")
+    }
