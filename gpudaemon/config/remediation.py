@@ -61,7 +61,7 @@ class RemediationConfig(_Section):
     maintenance_window: Annotated[
         str,
         AfterValidator(_check_window),
-        Field(max_length=11, json_schema_extra={"pattern": WINDOW_PATTERN + "|^$"}),
+        Field(json_schema_extra={"pattern": WINDOW_PATTERN + "|^$"}),
     ] = ""
     # A granted reset the agent has not finished by then (it died, say) frees its slot.
     grant_ttl_s: Annotated[Number, Field(ge=30, le=3600)] = 300.0
