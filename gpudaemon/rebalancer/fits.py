@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -285,12 +286,24 @@ def _expression(e: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
     if op == "DoesNotExist":
         return have is None
     if op in ("Gt", "Lt") and have is not None and len(values) == 1:
-        try:
-            a, b = int(have), int(values[0])
-        except ValueError:
+        a, b = go_int64(have), go_int64(values[0])
+        if a is None or b is None:
             return False
         return a > b if op == "Gt" else a < b
     return False
+
+
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
+
+
+def go_int64(text: str) -> int | None:
+    """The number as Go's strconv.ParseInt(text, 10, 64) reads it (what Gt and Lt
+    compare), None where it refuses: Python's int() also takes "1_0", spaces and
+    non-ASCII digits, and has no int64 bound."""
+    if not _DECIMAL.fullmatch(text):
+        return None
+    v = int(text)
+    return v if -(2**63) <= v < 2**63 else None
 
 
 def node_term_matches(term: Mapping[str, Any], node: NodeFit) -> bool:

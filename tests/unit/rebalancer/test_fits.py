@@ -126,6 +126,13 @@ def expr(key: str, op: str, *values: str) -> dict[str, Any]:
         (affinity(expr("gen", "Gt", "5")), {}, False),
         (affinity(expr("gen", "Lt", "6")), {}, True),
         (affinity(expr("zone", "Lt", "6")), {}, False),  # not a number: no match
+        # Gt and Lt read numbers as Go's strconv.ParseInt does: no underscores, int64.
+        (affinity(expr("gen", "Lt", "1_0")), {}, False),
+        (affinity(expr("gen", "Gt", "4")), {"labels": {"gen": "1_0"}}, False),
+        (affinity(expr("gen", "Lt", "99999999999999999999")), {}, False),
+        (affinity(expr("gen", "Gt", "4")), {"labels": {"gen": "99999999999999999999"}}, False),
+        (affinity(expr("gen", "Gt", "4")), {"labels": {"gen": "9223372036854775807"}}, True),
+        (affinity(expr("gen", "Gt", "6")), {"labels": {"gen": "007"}}, True),
         (affinity({"matchFields": [{"key": "metadata.name", "operator": "In",
                                     "values": ["n1"]}]}), {}, True),
         (affinity({"matchFields": [{"key": "metadata.name", "operator": "NotIn",
