@@ -46,6 +46,9 @@ def test_the_schedulers_identity_cannot_create_the_rebalancers_lease(
     kc = kubeconfig_for(cluster, ns, pod, tmp_path / "sched")
     sched = KubeClient.from_credentials(Credentials(in_cluster=False, kubeconfig=str(kc)))
     path = LEASES.format(ns=ns)
+    # A rebalancer of an earlier test in this cluster may have left its (released) Lease.
+    if cluster.get(f"{path}/gpudaemon-rebalancer") is not None:
+        cluster.request("DELETE", f"{path}/gpudaemon-rebalancer")
     try:
         # Its own kind of write still works: any other Lease name.
         other = f"probe-{uuid.uuid4().hex[:6]}"
