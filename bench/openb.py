@@ -36,6 +36,8 @@ Configurations (all percentageOfNodesToScore: 100, one kube-scheduler process ea
                  the pods asking for no GPU (the shipped profile sends it every pod)
   fragmentation-gpuonly  (on request) managedResources: nvidia.com/gpu, the profile as
                  shipped before issue 40: only GPU pods reach the extender
+  fragmentation-model  (on request) extender.policy: fragmentation-model (per GPU
+                 model, keeping flexible pods off the models pinned pods need)
 
   scripts/bench openb [--fast] [--lists default,multigpu50] [--seeds 1,2,3]
               [--configs default,mostallocated,binpack,fragmentation] [--window 32]
@@ -94,7 +96,13 @@ CONFIGS = ("default", "mostallocated", "binpack", "fragmentation")
 # best node (HAMi style). -all: the policy also ranks pods with no GPU
 # (score_gpuless_pods). -gpuonly: managedResources, so pods with no GPU never reach the
 # extender (on kube-scheduler 1.35+ they then take the first feasible node: issue 40).
-VARIANTS = ("binpack-hami", "fragmentation-hami", "fragmentation-all", "fragmentation-gpuonly")
+VARIANTS = (
+    "binpack-hami",
+    "fragmentation-hami",
+    "fragmentation-all",
+    "fragmentation-gpuonly",
+    "fragmentation-model",
+)
 MOST_ALLOCATED = {
     "name": "NodeResourcesFit",
     "args": {
@@ -385,6 +393,8 @@ class Processes:
             ext["candidates"] = 1  # the pick alone
         if variant == "all":
             ext["score_gpuless_pods"] = True
+        if variant == "model":
+            ext["policy"] = config  # the model-aware policy, its own plug-in
         cfg = {
             "extender": ext,
             "kubernetes": {"kubeconfig": str(self.cp.admin_kubeconfig)},

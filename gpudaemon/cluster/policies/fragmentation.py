@@ -300,10 +300,17 @@ class Fragmentation:
             # Only forward: a typical set read before another thread's newer one is not
             # put back (the capacity count only grows, under this lock).
             if state is None or version > state[2]:
-                state = self._state = (_Tables(typical, self._applied), {}, version)
+                tables = self._build_tables(wversion, typical, self._applied)
+                state = self._state = (tables, {}, version)
             elif len(state[1]) > _MEMO_LIMIT:  # same tables, memo started over
                 state = self._state = (state[0], {}, state[2])
             return state
+
+    def _build_tables(
+        self, wversion: int, typical: Sequence[TypicalPod], capacity: Counter[Capacity]
+    ) -> _Tables:
+        """The tables for one typical set and capacity count (a variant's hook)."""
+        return _Tables(typical, capacity)
 
     def scores_version(self) -> object:
         """The tables' version: they change only at `observe`, so scores taken between
