@@ -225,6 +225,39 @@ def test_a_flood_of_invented_pods_books_nothing(
     )
 
 
+def test_a_burst_of_created_and_deleted_pods_leaves_no_assumption(
+    safety: tuple[SchedulerRig, Proc, Proc],
+) -> None:
+    """A tenant creates 200 8-GPU pods for our scheduler and deletes each at once: the
+    extender assumes the pods it ranks (counted on their node until their binding
+    shows), and a pod deleted before its binding is never bound. Its assumption must go
+    with it: the assumed GPUs are back to zero within 5 s of the burst, and a real pod
+    binds, instead of every node looking full until the assumptions time out."""
+    rig, ext, _ = safety
+    group = uuid.uuid4().hex[:6]
+    nodes = [f"{group}-{i}" for i in range(4)]
+    for n in nodes:
+        rig.add_node(n, group)
+    rig.run_agents(nodes)
+    wait_for(lambda: ext.metric("gpudaemon_extender_cache_objects", kind="leases") >= 4,
+             timeout=30, what="the extender to see the Leases")  # fmt: skip
+    before = ext.metric("gpudaemon_extender_assumed_pods_total")
+    for _ in range(200):
+        rig.delete_pods([rig.create_pod(8, group)])
+    burst_end = time.monotonic()
+    assumed = ext.metric("gpudaemon_extender_assumed_pods_total") - before
+    wait_for(lambda: ext.metric("gpudaemon_extender_cache_objects", kind="assumed") == 0,
+             timeout=5, interval=0.1, what="no assumed pod left 5 s after the burst")  # fmt: skip
+    gone = time.monotonic() - burst_end
+    node = rig.wait_bound(rig.create_pod(8, group), timeout=10)
+    assert node in nodes
+    assert assumed >= 1, "no pod of the burst was assumed: the test would prove nothing"
+    print(
+        f"\nburst: {assumed:.0f} of 200 created-and-deleted pods assumed; none left "
+        f"{gone:.1f} s after the burst; a real 8-GPU pod then bound on {node}"
+    )
+
+
 def test_service_mode_requires_the_client_certificate(
     safety: tuple[SchedulerRig, Proc, Proc], pki: Pki
 ) -> None:
