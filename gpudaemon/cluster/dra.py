@@ -18,8 +18,9 @@ shape raises `BadDraObject` (the store counts and skips it), never anything else
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 # The one ResourceSlice parser and pool rule, shared with the agent (kube/draslices.py).
 from gpudaemon.kube.draslices import DRIVER as DRIVER
@@ -341,3 +342,59 @@ def pod_claim_refs(pod: Mapping[str, object]) -> tuple[tuple[str, str], ...]:
             gen = generated.get(cname) if isinstance(cname, str) else None
             out.append((f"{ns}/{gen}" if gen else "", f"{ns}/{template}"))
     return tuple(out)
+
+
+# -- what the watches keep -------------------------------------------------------------
+
+# The key of a kept form (`kept_form`) under which the parsed value sits.
+KEPT = "gpudaemon.kept"
+_PARSERS: dict[str, Callable[[object], object]] = {
+    "resourceslices": parse_slice,
+    "resourceclaims": parse_claim,
+    "resourceclaimtemplates": parse_template,
+    "deviceclasses": parse_class,
+    "devicetaintrules": parse_taint_rule,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A kept form's value for an object its parser refused (why, one line): not the
+    BadDraObject itself, whose traceback would keep the raw object alive."""
+
+    reason: str
+
+
+def kept_form(kind: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The Reflector's transform for a DRA kind: an object becomes its name, namespace,
+    UID and resourceVersion, and its parsed value under `KEPT` (`Unreadable` if the
+    parser refused it), as each list page or watch event arrives. A tenant's 1.3 MB
+    claim is then held as a few hundred bytes, however large its CEL or opaque
+    parameters. `read_kept` reads either form."""
+    parse = _PARSERS[kind]
+
+    def keep(obj: dict[str, Any]) -> dict[str, Any]:
+        try:
+            value: object = parse(obj)
+        except BadDraObject as e:
+            value = Unreadable(e.reason)
+        except Exception as e:  # never fails a list: the store counts it as unreadable
+            value = Unreadable(f"{type(e).__name__}")
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        meta = meta if isinstance(meta, Mapping) else {}
+        small = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion")
+                 if isinstance(meta.get(k), str) and len(meta[k]) <= MAX_TEXT}  # fmt: skip
+        return {"metadata": small, KEPT: value}
+
+    return keep
+
+
+def read_kept(obj: object, parse: Callable[[object], Any]) -> Any:
+    """`parse(obj)`, or the value a `kept_form` already parsed (BadDraObject again for
+    one it refused)."""
+    if isinstance(obj, Mapping) and KEPT in obj:
+        value = obj[KEPT]
+        if isinstance(value, Unreadable):
+            raise BadDraObject(value.reason)
+        return value
+    return parse(obj)

@@ -4,7 +4,9 @@ allocated to claims, and those tainted (NoSchedule/NoExecute, in the slice or by
 DeviceTaintRule) that no claim holds. Also a pod's needs: the GPU and MIG counts of its
 claims not yet allocated.
 
-Not locked: ClusterState holds its lock around every call. Objects that cannot be read
+Not locked: ClusterState holds its lock around every call. Each handler takes an
+object as the API server sent it or in its kept form (`dra.kept_form`, what the
+watches hand over: parsed as it arrived, the raw object gone). Objects that cannot be read
 are skipped and counted by kind (`bad`); a pod's claims we cannot judge are counted
 once per claim by reason (`not_understood`) and get no opinion.
 """
@@ -31,6 +33,7 @@ from gpudaemon.cluster.dra import (
     parse_slice,
     parse_taint_rule,
     parse_template,
+    read_kept,
 )
 from gpudaemon.cluster.state import MigCounts, NodeState, add_mig
 
@@ -110,7 +113,7 @@ class DraState:
                 self._pool_node.pop(old.pool, None)
         if kind != "DELETED":
             try:
-                s = parse_slice(obj)
+                s = read_kept(obj, parse_slice)
             except BadDraObject:
                 self._bad("resourceslices")
                 s = None
@@ -139,7 +142,7 @@ class DraState:
         new = None
         if kind != "DELETED":
             try:
-                new = parse_claim(obj)
+                new = read_kept(obj, parse_claim)
             except BadDraObject:
                 self._bad("resourceclaims")
         if new is not None:
@@ -175,7 +178,7 @@ class DraState:
             self.classes.pop(_name(obj), None)
             return
         try:
-            name, match = parse_class(obj)
+            name, match = read_kept(obj, parse_class)
         except BadDraObject:
             self._bad("deviceclasses")
             self.classes.pop(_name(obj), None)
@@ -193,7 +196,7 @@ class DraState:
         if kind == "DELETED":
             return
         try:
-            key, reqs = parse_template(obj)
+            key, reqs = read_kept(obj, parse_template)
         except BadDraObject:
             self._bad("resourceclaimtemplates")
             return
@@ -216,7 +219,7 @@ class DraState:
                 self._pool_rules.pop(old.pool, None)
         if kind != "DELETED":
             try:
-                rule = parse_taint_rule(obj)
+                rule = read_kept(obj, parse_taint_rule)
             except BadDraObject:
                 self._bad("devicetaintrules")
                 rule = None

@@ -15,7 +15,7 @@ import http.client
 import json
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -266,18 +266,27 @@ class KubeClient:
     # -- list + watch ---------------------------------------------------------------
 
     def list_items(
-        self, path: str, query: Mapping[str, str] | None = None, page_size: int = LIST_PAGE
+        self,
+        path: str,
+        query: Mapping[str, str] | None = None,
+        page_size: int = LIST_PAGE,
+        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> tuple[list[dict[str, Any]], str]:
         """A collection's items and its resourceVersion, the point to watch from. Listed
         in pages of `page_size`, as client-go's pager does: one request for 5,000 Nodes
         would hold the API server's memory and a long response at once. The pages form
         one consistent snapshot; an expired continue token is a 410 (KubeGoneError),
-        which the reflector answers by listing again."""
+        which the reflector answers by listing again.
+
+        `transform` (client-go's TransformFunc) turns each item into what the caller
+        keeps as its page arrives, so only one raw page is held at a time: memory is
+        bounded by what we keep and the page size, not by what tenants wrote."""
         items: list[dict[str, Any]] = []
         version = ""
         for page, page_version in self.pages(path, query, page_size):
-            items += page
+            items += page if transform is None else map(transform, page)
             version = page_version
+            del page  # the raw page goes before the next one is read
         return items, version
 
     def pages(
@@ -293,11 +302,11 @@ class KubeClient:
             q = {**base, "continue": cont} if cont else base
             out = self.request("GET", path, query=q)
             meta = out.get("metadata") or {}
-            yield (
-                [i for i in out.get("items") or [] if isinstance(i, dict)],
-                str(meta.get("resourceVersion") or ""),
-            )
-            cont = str(meta.get("continue") or "")
+            items = [i for i in out.get("items") or [] if isinstance(i, dict)]
+            version, cont = str(meta.get("resourceVersion") or ""), str(meta.get("continue") or "")
+            del out, meta  # not held while the caller reads the page and asks the next
+            yield items, version
+            del items
             if not cont:
                 return
 

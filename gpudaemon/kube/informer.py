@@ -26,7 +26,10 @@ Obj = dict[str, Any]
 class ListWatchClient(Protocol):
     def list_items(
         self, path: str, query: Mapping[str, str] | None = None
-    ) -> tuple[list[Obj], str]: ...
+    ) -> tuple[list[Obj], str]:
+        """A Reflector with a `transform` or a `page_size` also passes those (keywords of
+        KubeClient.list_items): a client that lists for one must take them."""
+        ...
 
     def watch(
         self,
@@ -58,8 +61,20 @@ class Reflector:
         clock: Callable[[], float] = time.monotonic,
         rng: Callable[[], float] = random.random,
         optional: str = "",
+        transform: Callable[[Obj], Obj] | None = None,
+        page_size: int | None = None,
     ) -> None:
         self.client, self.kind, self.path = client, kind, path
+        # client-go's TransformFunc: each listed item, page by page as it arrives, and
+        # each watched object becomes what the handlers keep, so a kind whose objects
+        # tenants write (ResourceClaims) costs what we keep, not what they wrote.
+        # `page_size`: smaller list pages than the client's default, for such kinds.
+        self.transform = transform
+        self._list_kw: dict[str, Any] = {}
+        if transform is not None:
+            self._list_kw["transform"] = transform
+        if page_size is not None:
+            self._list_kw["page_size"] = page_size
         # Not "" : a kind some API servers do not serve (404), e.g. DeviceTaintRule before
         # 1.37. Such a server counts as "none of them" and synced, so the program gets
         # ready; the list is retried with backoff in case the API is turned on. The
@@ -123,7 +138,7 @@ class Reflector:
         self.relists += 1
 
     def _list(self) -> str:
-        items, rv = self.client.list_items(self.path, self.query)
+        items, rv = self.client.list_items(self.path, self.query, **self._list_kw)
         self._replace(items)
         self.last_sync_at = self.clock()
         self.synced.set()
@@ -143,7 +158,8 @@ class Reflector:
                     return
                 new_rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
                 if kind != "BOOKMARK":
-                    self._deliver(kind, obj)
+                    self._deliver(kind, obj if self.transform is None else self.transform(obj))
+                del obj  # not held while the next event is read
                 rv = new_rv
                 self.last_sync_at = self.clock()
             # The server ended the watch (timeoutSeconds): resume from the last version.
