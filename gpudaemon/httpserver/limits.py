@@ -22,6 +22,12 @@ from waitress.utilities import RequestEntityTooLarge
 # A TLS client must finish its handshake this soon after connecting: a real one takes
 # milliseconds; a silent or trickling one is only holding a connection slot.
 HANDSHAKE_TIMEOUT_S = 5.0
+# A new connection still silent, or a request still arriving, this long after it began
+# is slow, whatever the connection served before: at the connection limit it makes room
+# for a newcomer. A scheduler's /filter arrives whole in milliseconds (a MiB in well
+# under a second on any cluster network); a busy loop may take a while to read a new
+# connection's first bytes, so a younger one is never cut off.
+SLOW_REQUEST_S = 1.0
 
 # Under a burst the task queue is briefly deeper than the pool: that is the design, not
 # something to warn about on every request. The connection-limit lines are ours now.
@@ -142,10 +148,13 @@ class _Server(TcpWSGIServer):
       connection opening: a client that trickles its headers is closed then;
     - a connection idle between requests is closed after `idle_timeout_s`;
     - at the connection limit, a waiting connection is taken in and the stalest
-      connection that is not being served is closed for it, strangers (never finished a
-      request) first: slow clients cannot keep the scheduler out. Only when every
-      connection is mid-request does the server stop accepting (the backlog holds the
-      rest)."""
+      connection that is not being served is closed for it: strangers silent for over
+      `SLOW_REQUEST_S` first, then connections whose request has been arriving for
+      over `SLOW_REQUEST_S` (whether or not they were served before: one good request
+      does not earn a trickling client its slot), then idle ones. Slow clients cannot
+      keep the scheduler out, and a request arriving at normal speed is never cut off.
+      Only when every connection is being served or younger than that in its silence
+      or its request does the server stop accepting (the backlog holds the rest)."""
 
     channel_class = _Channel
     read_timeout_s = 10.0
@@ -179,11 +188,12 @@ class _Server(TcpWSGIServer):
             return False
         live = self._live()
         # At the limit, accept only if a connection can make room (handle_accept).
-        return len(live) < self.adj.connection_limit or self._stalest(live) is not None
+        return len(live) < self.adj.connection_limit or self._stalest(live, now) is not None
 
     def handle_accept(self) -> None:
         live = self._live()
-        victim = self._stalest(live) if len(live) >= self.adj.connection_limit else None
+        full = len(live) >= self.adj.connection_limit
+        victim = self._stalest(live, time.time()) if full else None
         before = len(self._channels())
         super().handle_accept()
         if victim is not None and len(self._channels()) > before:
@@ -197,9 +207,14 @@ class _Server(TcpWSGIServer):
         return [c for c in self._channels().values() if not c.will_close]
 
     @staticmethod
-    def _stalest(live: list[Any]) -> Any:
-        strangers = [c for c in live if not c.served and not c.requests]
-        if strangers:
-            return min(strangers, key=lambda c: c.creation_time)
+    def _stalest(live: list[Any], now: float) -> Any:
+        silent = [c for c in live if not c.served and not c.requests and c.request is None
+                  and now - c.creation_time > SLOW_REQUEST_S]  # fmt: skip
+        if silent:  # strangers that have not begun a request (or a TLS handshake)
+            return min(silent, key=lambda c: c.creation_time)
+        slow = [c for c in live if not c.requests and c.request is not None
+                and now - c.request.started > SLOW_REQUEST_S]  # fmt: skip
+        if slow:
+            return min(slow, key=lambda c: c.request.started)
         idle = [c for c in live if not c.requests and c.request is None]
         return min(idle, key=lambda c: c.last_activity) if idle else None

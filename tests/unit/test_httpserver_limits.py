@@ -1,7 +1,8 @@
 """gpudaemon.httpserver's defences against slow and large clients (issue 28), over real
 sockets on 127.0.0.1: the read time-out closes a client that trickles its headers or
 never speaks, while a connection that finished a request keeps its idle time-out; at
-the connection limit a newcomer is let in and the stalest stranger closed; a body over
+the connection limit a newcomer is let in and the stalest stranger closed, or a client
+trickling a request after good ones; a body over
 the cap is a 413 naming the setting, sent before the body is read; bodies past the
 in-flight budget are a prompt 503 and the budget comes back."""
 
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from gpudaemon.errors import UsageError
-from gpudaemon.httpserver import HttpServer
+from gpudaemon.httpserver import HttpServer, limits
 from tests.unit.test_httpserver import echo, request
 
 
@@ -93,7 +94,7 @@ def test_at_the_connection_limit_a_newcomer_is_served_and_the_oldest_stranger_go
     srv.start()
     try:
         silent = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(4)]
-        time.sleep(0.3)
+        time.sleep(limits.SLOW_REQUEST_S + 0.3)  # silent past the slow mark
         t0 = time.monotonic()
         assert request(srv.port, path="/in") == (200, b"/in")
         assert time.monotonic() - t0 < 1.0  # not after a read time-out (10 s)
@@ -101,6 +102,55 @@ def test_at_the_connection_limit_a_newcomer_is_served_and_the_oldest_stranger_go
         assert srv.shed >= 1
         for s in silent:
             s.close()
+    finally:
+        srv.stop()
+
+
+def test_at_the_limit_a_client_trickling_a_body_after_a_good_request_makes_room() -> None:
+    srv = HttpServer("127.0.0.1:0", echo, name="test", threads=2, max_connections=4)
+    srv.start()
+    try:
+        slow = []
+        for _ in range(4):  # each answers one request, then trickles the next one's body
+            c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+            c.request("GET", "/healthz")
+            assert c.getresponse().read() == b"/healthz"
+            assert c.sock is not None
+            c.sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\na")
+            slow.append(c.sock)
+        time.sleep(limits.SLOW_REQUEST_S + 1.2)  # past the slow mark, far from the 10 s one
+        t0 = time.monotonic()
+        assert request(srv.port, path="/in") == (200, b"/in")
+        assert time.monotonic() - t0 < 1.0  # not after the read time-out (10 s)
+        assert closed_by_server(slow[0], within_s=2) < 2  # the oldest request made room
+        assert srv.shed >= 1
+        for s in slow:
+            s.close()
+    finally:
+        srv.stop()
+
+
+def test_a_request_still_arriving_under_the_slow_mark_is_not_shed() -> None:
+    srv = HttpServer("127.0.0.1:0", echo, name="test", threads=2, max_connections=1)
+    srv.start()
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        c.request("GET", "/healthz")
+        assert c.getresponse().read() == b"/healthz"
+        assert c.sock is not None
+        c.sock.sendall(b"POST /mine HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\na")
+        time.sleep(0.2)
+        newcomer = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+        time.sleep(0.2)  # under the slow mark: the newcomer waits in the backlog
+        c.sock.sendall(b"b")
+        c.sock.settimeout(5)
+        answer = b""
+        while not answer.endswith(b"\r\n\r\nab") and (chunk := c.sock.recv(4096)):
+            answer += chunk
+        # Answered whole: not cut off for the newcomer (now idle, it may make room).
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"ab")
+        newcomer.close()
+        c.close()
     finally:
         srv.stop()
 

@@ -8,7 +8,9 @@ the chart runs them:
    closes the silent connections after its handshake time-out;
 2. loopback: 300 clients that open connections and trickle their headers (more than
    the 256-connection limit, reconnecting when closed) make no real /filter time out,
-   from a fresh connection or from a real kube-scheduler.
+   from a fresh connection or from a real kube-scheduler;
+3. loopback: 400 clients that each get one /healthz answered and then trickle a
+   /filter body (no longer strangers) delay no real /filter past 1 s.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +32,7 @@ from tests.certs import Pki, make_pki
 from tests.integration.kube.controlplane import ADMISSION, RBAC, ControlPlane
 from tests.integration.scheduler.rig import SchedulerRig
 from tests.integration.scheduler.test_safety import Proc, start_extender
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -193,3 +197,98 @@ def test_300_slow_clients_make_no_filter_time_out_on_loopback(
         assert slow.reconnects > 0  # the server did close slow clients
     assert worst < HTTP_TIMEOUT_S, worst
     assert max(binds) < HTTP_TIMEOUT_S, binds
+
+
+class BodyTricklers:
+    """`n` clients that each get one /healthz answered on their connection, then send a
+    /filter's headers and trickle its body a byte every `every_s`, starting over when
+    the server closes them: served clients, not strangers, holding connection slots."""
+
+    HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    HEAD = b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    HEAD += b"Content-Length: 100000\r\n\r\n{"
+
+    def __init__(self, port: int, n: int, every_s: float = 0.5) -> None:
+        self.port, self.n, self.every_s = port, n, every_s
+        self.stop = threading.Event()
+        self.served = 0  # /healthz answers read
+        self.reconnects = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _open(self) -> list[Any]:
+        s = socket.socket()
+        s.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            s.connect(("127.0.0.1", self.port))
+        return [s, "ask", b""]
+
+    def trickling(self) -> int:
+        return sum(1 for c in self._conns if c[1] == "body")
+
+    def _step(self, c: list[Any], trickle: bool) -> None:
+        s, state, buf = c
+        if state == "ask":
+            s.send(self.HEALTHZ)
+            c[1] = "answer"
+        elif state == "answer":
+            data = s.recv(65536)
+            if not data:
+                raise ConnectionResetError
+            c[2] = buf + data
+            if b"\r\n\r\n" in c[2]:
+                self.served += 1
+                s.send(self.HEAD)
+                c[1], c[2] = "body", b""
+        elif trickle:
+            s.send(b" ")
+            if s.recv(65536, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                raise ConnectionResetError
+
+    def _run(self) -> None:
+        self._conns = [self._open() for _ in range(self.n)]
+        last = time.monotonic()
+        while not self.stop.wait(0.05):
+            trickle = time.monotonic() - last >= self.every_s
+            if trickle:
+                last = time.monotonic()
+            for i, c in enumerate(self._conns):
+                try:
+                    self._step(c, trickle)
+                except (BlockingIOError, InterruptedError):
+                    pass  # still in the backlog, or nothing to read yet
+                except OSError:
+                    c[0].close()
+                    self._conns[i] = self._open()
+                    self.reconnects += 1
+        for c in self._conns:
+            c[0].close()
+
+    def __enter__(self) -> BodyTricklers:
+        self._conns: list[list[Any]] = []
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+def test_400_clients_trickling_a_body_after_a_good_request_delay_no_filter_past_1_s(
+    servers: tuple[SchedulerRig, Proc, Proc, list[str]],
+) -> None:
+    _, loop_ext, _, nodes = servers
+    port = loop_ext.ports["port"]
+    with BodyTricklers(port, 400) as slow:
+        # Every slot (256) is held by a client the server has answered.
+        wait_for(lambda: slow.trickling() >= 256, 30, what="256 clients trickling bodies")
+        time.sleep(2)  # past the slow mark (1 s), well before the read time-out (10 s)
+        times = []
+        for _ in range(10):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HTTP_TIMEOUT_S)
+            try:
+                times.append(timed_filter(conn, nodes))
+            finally:
+                conn.close()
+            time.sleep(0.3)
+        assert slow.served > 256
+    assert max(times) < 1.0, times
