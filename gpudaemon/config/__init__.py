@@ -6,13 +6,12 @@ One model per program, built from shared sections: `AgentSettings` (run, probe),
 the files a program needs are checked when it starts (`check_files`). Each field's
 comment says why its default is what it is. Modules: values.py (shared value types),
 sections.py (labels, kubernetes, logging), agent.py, extender.py, rebalancer.py,
-programs.py (Config, the program table), environment.py (every environment read),
-loading.py, files.py. docs/configuration.md says how a shared file is read.
+programs.py (Config, each program's model, the program table), environment.py (every
+environment read), loading.py, files.py. docs/configuration.md says how a shared file is read.
 """
 
 from gpudaemon.config.agent import (
     DEFAULT_SPOOL_DIR,
-    AgentSettings,
     HealthConfig,
     InfluxConfig,
     MetricsConfig,
@@ -22,7 +21,6 @@ from gpudaemon.config.agent import (
 from gpudaemon.config.environment import ENV_PREFIX, PROCESS_UUID, env_overrides
 from gpudaemon.config.extender import (
     ExtenderConfig,
-    ExtenderSettings,
     ExtenderTls,
     PluginsConfig,
     ScorePluginConfig,
@@ -30,8 +28,15 @@ from gpudaemon.config.extender import (
 )
 from gpudaemon.config.files import check_files, influx_token
 from gpudaemon.config.loading import load_config, load_settings
-from gpudaemon.config.programs import PROGRAMS, Config, StatusSettings
-from gpudaemon.config.rebalancer import RebalanceConfig, RebalancerSettings
+from gpudaemon.config.programs import (
+    PROGRAMS,
+    AgentSettings,
+    Config,
+    ExtenderSettings,
+    RebalancerSettings,
+    StatusSettings,
+)
+from gpudaemon.config.rebalancer import RebalanceConfig
 from gpudaemon.config.remediation import RemediationConfig
 from gpudaemon.config.sections import (
     DraConfig,

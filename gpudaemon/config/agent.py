@@ -1,6 +1,6 @@
 """The agent's configuration: its own sections (schedules, metrics, influxdb, health),
-its top-level keys (node_name, simulate) and `AgentSettings`, the model `gpudaemon run`
-and `gpudaemon probe` validate."""
+its top-level keys (node_name, simulate) and `AgentFields`, what `AgentSettings` (the
+model `gpudaemon run` and `gpudaemon probe` validate, in programs.py) is made of."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from gpudaemon.config.sections import (
     KubernetesConfig,
     LabelsConfig,
     LoggingConfig,
-    _Program,
 )
 from gpudaemon.config.values import (
     DNS1123_SUBDOMAIN,
@@ -188,7 +187,3 @@ class AgentFields(NodeFields):
     def influx_token(self) -> str:
         """The token from the environment or token_file (read now); never logged."""
         return influx_token(self.influxdb)
-
-
-class AgentSettings(AgentFields, _Program):
-    """What `gpudaemon run` and `gpudaemon probe` validate."""

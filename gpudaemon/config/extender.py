@@ -1,5 +1,5 @@
-"""The extender's section (`extender`, its TLS and typical pods) and `ExtenderSettings`,
-the model `gpudaemon extender` validates."""
+"""The extender's section (`extender`, its TLS and typical pods); `ExtenderSettings`,
+the model `gpudaemon extender` validates, is in programs.py."""
 
 from __future__ import annotations
 
@@ -7,13 +7,6 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, model_validator
 
-from gpudaemon.config.sections import (
-    DraConfig,
-    KubernetesConfig,
-    LabelPrefix,
-    LoggingConfig,
-    _Program,
-)
 from gpudaemon.config.values import (
     ListenAddress,
     Number,
@@ -189,16 +182,3 @@ class ExtenderConfig(_Section):
                 f" max_body_bytes ({self.max_body_bytes}): a body at the cap must fit"
             )
         return self
-
-
-class ExtenderSettings(_Program):
-    """What `gpudaemon extender` validates."""
-
-    labels: LabelPrefix = LabelPrefix()
-    kubernetes: KubernetesConfig = KubernetesConfig()
-    extender: ExtenderConfig = ExtenderConfig()
-    # On: watch ResourceSlices, ResourceClaims, ResourceClaimTemplates, DeviceClasses
-    # and DeviceTaintRules, and judge pods that ask for NVIDIA GPUs through claims.
-    # Off: those objects are not read (no RBAC needed); such pods pass unjudged.
-    dra: DraConfig = DraConfig()
-    logging: LoggingConfig = LoggingConfig.model_validate({})

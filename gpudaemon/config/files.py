@@ -6,16 +6,26 @@ ConfigError line (exit 2), naming the key."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+from pydantic import SecretStr
 
 from gpudaemon.errors import ConfigError, UsageError
 from gpudaemon.textfile import MIB, check_regular_file, read_text_file
 
-if TYPE_CHECKING:
-    from gpudaemon.config.agent import InfluxConfig
+
+class InfluxSecrets(Protocol):
+    """What `influx_token` reads of the `influxdb` section (agent.InfluxConfig), named
+    here so this module does not import the section's, which imports this one."""
+
+    @property
+    def token(self) -> SecretStr: ...
+
+    @property
+    def token_file(self) -> str: ...
 
 
-def influx_token(influxdb: InfluxConfig) -> str:
+def influx_token(influxdb: InfluxSecrets) -> str:
     """The token from the environment, else token_file (a regular file of at most
     64 KiB: a FIFO or /dev/zero is one line, not a hang); never logged."""
     if influxdb.token.get_secret_value():

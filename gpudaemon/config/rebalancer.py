@@ -1,5 +1,5 @@
-"""The rebalancer's section (`rebalance`) and `RebalancerSettings`, the model
-`gpudaemon rebalance` validates."""
+"""The rebalancer's section (`rebalance`); `RebalancerSettings`, the model
+`gpudaemon rebalance` validates, is in programs.py."""
 
 from __future__ import annotations
 
@@ -7,15 +7,6 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
-from gpudaemon.config.extender import ExtenderConfig
-from gpudaemon.config.remediation import RemediationConfig
-from gpudaemon.config.sections import (
-    DraConfig,
-    KubernetesConfig,
-    LabelPrefix,
-    LoggingConfig,
-    _Program,
-)
 from gpudaemon.config.values import (
     DNS1123_LABEL_PATTERN,
     DNS1123_SUBDOMAIN_PATTERN,
@@ -82,18 +73,3 @@ class RebalanceConfig(_Section):
             Field(max_length=63, json_schema_extra={"pattern": DNS1123_LABEL_PATTERN}),
         ]
     ] = []
-
-
-class RebalancerSettings(_Program):
-    """What `gpudaemon rebalance` validates: its section, and the extender's policy
-    settings, which it plans with."""
-
-    labels: LabelPrefix = LabelPrefix()
-    kubernetes: KubernetesConfig = KubernetesConfig()
-    extender: ExtenderConfig = ExtenderConfig()
-    rebalance: RebalanceConfig = RebalanceConfig()
-    # On: also drain pods that hold a sick GPU through an allocated ResourceClaim.
-    dra: DraConfig = DraConfig()
-    # On (and --apply): grant GPU resets, within the fleet's limits.
-    remediation: RemediationConfig = RemediationConfig()
-    logging: LoggingConfig = LoggingConfig.model_validate({})

@@ -114,17 +114,6 @@ class LoggingConfig(_Section):
         return v.upper() if isinstance(v, str) else v
 
 
-class _Program(_View):
-    """One program's model: the sections it uses, validated; the other programs' keys
-    in a shared file checked by name only (see docs/configuration.md)."""
-
-    @classmethod
-    def whole(cls) -> type[BaseModel]:
-        from gpudaemon.config.programs import Config  # the whole file, every program
-
-        return Config
-
-
 class DraConfig(_Section):
     """Dynamic Resource Allocation (docs/dra.md): GPUs published by NVIDIA's DRA driver
     in ResourceSlices and handed to pods through ResourceClaims. One switch for every

@@ -10,9 +10,10 @@ call): a sample then costs what the NVML calls the real backend makes for it cos
 the sum (NVML calls are CPU time in the driver, and one `time.sleep` per call would
 charge at least ~50 us each, far more than most real calls).
 
-The modules: `profile` (the profile's shape, its validation and loading), `faults` (the
-fault kinds, what each needs and what each does when it fires), `readings` (the
-readings model: each GPU's state, its sample, its NVML cost) and `backend`
+The modules: `profile` (the profile's shape, its validation and loading, what each
+fault needs of its GPU), `faults` (the fault kinds and their fields), `readings` (the
+readings model: each GPU's state, its sample, its NVML cost), `effects` (what a fault
+does to that state when it fires, and what a reset undoes) and `backend`
 (SimulatedBackend).
 """
 

@@ -14,9 +14,10 @@ from collections.abc import Callable
 
 from gpudaemon.backends import migprofiles
 from gpudaemon.backends.base import ENERGY_CALLS, GPM_CALLS, GPM_MIG_CALLS, SAMPLE_CALLS
+from gpudaemon.backends.simulated.effects import fire_faults, record_xid
+from gpudaemon.backends.simulated.effects import reset as reset_state
 from gpudaemon.backends.simulated.events import SimEventSet
-from gpudaemon.backends.simulated.faults import FaultSpec, fire_faults, record_xid
-from gpudaemon.backends.simulated.faults import reset as reset_state
+from gpudaemon.backends.simulated.faults import FaultSpec
 from gpudaemon.backends.simulated.profile import GpuSpec, Profile, mig_layout_error
 from gpudaemon.backends.simulated.readings import SimGpu, _cost_s, _health_cost_s, sample_gpu
 from gpudaemon.backends.xidevents import XidListener, XidListeners, xid_event_loop

@@ -28,7 +28,7 @@ from gpudaemon.backends.base import (
     RETIRED_PAGES_CALLS,
     SAMPLE_CALLS,
 )
-from gpudaemon.backends.simulated.faults import FaultSpec, _fault_misfit
+from gpudaemon.backends.simulated.faults import FaultSpec
 from gpudaemon.backends.simulated.fields import Number, _not_bool, _reject_unused, _Strict
 from gpudaemon.errors import ProfileError
 from gpudaemon.model import MIB
@@ -285,3 +285,18 @@ def parse_profile(text: str, source: str = "inline") -> Profile:
 
 def _one_line(s: str) -> str:
     return " ".join(s.split())
+
+
+def _ampere(spec: GpuSpec) -> bool:
+    return int(spec.compute_capability.split(".")[0]) >= 8
+
+
+def _fault_misfit(f: FaultSpec, spec: GpuSpec) -> str | None:
+    """Why this GPU cannot give the fault's signal (as a real one would not), or None."""
+    if f.kind == "ecc" and not spec.ecc:
+        return "an ecc fault needs ecc: true"
+    if f.kind == "row_remap" and not (spec.ecc and _ampere(spec)):
+        return "a row_remap fault needs ecc: true and compute_capability 8.0 or later"
+    if f.kind == "nvlink_errors" and not (spec.nvlink_links and f.link < spec.nvlink_links):
+        return f"an nvlink_errors fault on link {f.link} needs nvlink_links above {f.link}"
+    return None

@@ -11,8 +11,8 @@ from typing import Any
 
 from gpudaemon.backends import gpm
 from gpudaemon.backends.base import HEALTH_CALLS, NVLINK_CALL, RETIRED_PAGES_CALLS, lost_sample
-from gpudaemon.backends.simulated.faults import FaultSpec, _ampere
-from gpudaemon.backends.simulated.profile import GpuSpec, has_gpm
+from gpudaemon.backends.simulated.faults import FaultSpec
+from gpudaemon.backends.simulated.profile import GpuSpec, _ampere, has_gpm
 from gpudaemon.health import signals
 from gpudaemon.health.verdict import judge
 from gpudaemon.model import MIB, GpmReading, GpuInfo, GpuSample, MigSample
