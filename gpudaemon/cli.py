@@ -28,8 +28,19 @@ M = TypeVar("M", bound="BaseModel")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Help names things people copy (policies, profiles, keys like fragmentation-model):
+    lines are never broken at a hyphen inside them."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
         # Help that names what a registry holds (policies, profiles), computed only when
         # help is printed: the registries import what a plain run of the CLI need not.
