@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from loguru import logger
 
+from gpudaemon.agent.wakeloop import WakeLoop
 from gpudaemon.backends.base import is_critical_xid
 
 RECOVERY_ACTION_XID = 154  # the driver's recovery action changed: the next poll reads it
@@ -51,9 +52,8 @@ class Quarantine:
         self.clock = clock
         self.min_poll_interval_s = min_poll_interval_s
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = WakeLoop("quarantine", self.step)
+        self._stop = self._loop.stopping
         self._published: frozenset[str] | None = None  # None: no reconcile yet
         self._seen: set[tuple[int, int]] = set()
         self._poll_due: float | None = None  # when the XID that asked for a poll came
@@ -75,7 +75,7 @@ class Quarantine:
                 self._seen.add((index, xid))
             if self._poll_due is None:
                 self._poll_due = self.clock()
-        self._wake.set()
+        self._loop.wake()
 
     def after_poll(self) -> None:
         """At the end of every telemetry poll: a GPU unhealthy that the Node does not
@@ -84,7 +84,7 @@ class Quarantine:
             with self._lock:
                 if self._noticed is None:
                     self._noticed = self.clock()
-            self._wake.set()
+            self._loop.wake()
 
     def published(self, unhealthy: frozenset[str]) -> None:
         """From the label reconcile: the unhealthy GPUs (UUIDs) it wrote."""
@@ -103,26 +103,10 @@ class Quarantine:
     # -- the thread -------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="quarantine", daemon=True)
-            self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while True:
-            self._wake.wait()
-            if self._stop.is_set():
-                return
-            self._wake.clear()
-            try:
-                self.step()
-            except Exception as e:  # a bug must not end the fast path
-                logger.opt(exception=e).error("quarantine step failed: {}", e)
+        self._loop.stop(timeout_s=5)
 
     def step(self) -> bool:
         """One wake-up: the poll an XID asked for, then the reconcile if a GPU needs

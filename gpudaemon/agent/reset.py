@@ -29,6 +29,7 @@ from loguru import logger
 
 from gpudaemon.agent.healthmemory import HealthMemory
 from gpudaemon.agent.metrics.selfmetrics import AgentMetrics
+from gpudaemon.agent.wakeloop import WakeLoop
 from gpudaemon.backends import Backend
 from gpudaemon.config.remediation import RemediationConfig
 from gpudaemon.errors import BadValueError, GpudaemonError
@@ -70,9 +71,8 @@ class GpuResetter:
         self.clear_grant, self.event = clear_grant, event
         self.clock, self.wall = clock, wall
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = WakeLoop("gpu-reset", self.step)
+        self._stop = self._loop.stopping
         self._grant: grants.Grant | None = None
         self._grant_raw = ""
         self._done: set[str] = set()  # grant ids already acted on
@@ -100,7 +100,7 @@ class GpuResetter:
             if g.id in self._done or (self._grant is not None and self._grant.id == g.id):
                 return
             self._grant, self._grant_raw = g, str(raw)
-        self._wake.set()
+        self._loop.wake()
 
     def apply(self, samples: Sequence[GpuSample]) -> tuple[GpuSample, ...]:
         """Every telemetry poll (after the health memory): a GPU in reset stays
@@ -141,26 +141,10 @@ class GpuResetter:
     # -- the thread -------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="gpu-reset", daemon=True)
-            self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.cfg.reset_timeout_s + 5)
-
-    def _run(self) -> None:
-        while True:
-            self._wake.wait()
-            if self._stop.is_set():
-                return
-            self._wake.clear()
-            try:
-                self.step()
-            except Exception as e:  # a bug must not end remediation for good
-                logger.opt(exception=e).error("GPU reset step failed: {}", e)
+        self._loop.stop(timeout_s=self.cfg.reset_timeout_s + 5)
 
     def step(self) -> str:
         """Act on the pending grant, if any; the result counted ("" when none)."""

@@ -137,18 +137,25 @@ class NvmlLibrary:
         return host_boot_id()
 
     def close(self) -> None:
+        self._stop_events()
+        with self._lock:
+            self._shutdown()
+
+    def _stop_events(self) -> None:
         self._stop.set()
         if self._xid_thread is not None:
             self._xid_thread.join(timeout=3)
-        with self._lock:
-            if self._initialised:
-                for i in {k[0] for k in self._gpm}:
-                    self._gpm_free(i)
-                try:
-                    self._nvml.nvmlShutdown()
-                except self._nvml.NVMLError as e:
-                    logger.debug("nvmlShutdown: {}", e)
-                self._initialised = False
+
+    def _shutdown(self) -> None:
+        """Let go of NVML (under the lock): the GPM buffers, then nvmlShutdown."""
+        if self._initialised:
+            for i in {k[0] for k in self._gpm}:
+                self._gpm_free(i)
+            try:
+                self._nvml.nvmlShutdown()
+            except self._nvml.NVMLError as e:
+                logger.debug("nvmlShutdown: {}", e)
+            self._initialised = False
 
     def reset_gpu(self, index: int, tool: str, timeout_s: float) -> nvsmi.ToolResult:
         """Run the reset with NVML shut down: to the tool, an open NVML client (the
@@ -158,18 +165,9 @@ class NvmlLibrary:
         info = self._infos.get(index)
         if info is None:
             return nvsmi.ToolResult(False, False, None, f"GPU {index} is not in the inventory")
-        self._stop.set()
-        if self._xid_thread is not None:
-            self._xid_thread.join(timeout=3)
+        self._stop_events()
         with self._lock:
-            if self._initialised:
-                for i in {k[0] for k in self._gpm}:
-                    self._gpm_free(i)
-                try:
-                    self._nvml.nvmlShutdown()
-                except self._nvml.NVMLError as e:
-                    logger.debug("nvmlShutdown: {}", e)
-                self._initialised = False
+            self._shutdown()
             self._xid_thread, self._stop = None, threading.Event()
             result = nvsmi.reset(tool, info.uuid, timeout_s)
             if result.ok:
