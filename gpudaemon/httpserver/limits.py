@@ -151,7 +151,9 @@ class _Server(TcpWSGIServer):
       connection that is not being served is closed for it: strangers silent for over
       `SLOW_REQUEST_S` first, then connections whose request has been arriving for
       over `SLOW_REQUEST_S` (whether or not they were served before: one good request
-      does not earn a trickling client its slot), then idle ones. Slow clients cannot
+      does not earn a trickling client its slot), then served connections idle
+      between requests. A stranger whose bytes wait unread has spoken: it is never
+      shed for the loop's own delay. Slow clients cannot
       keep the scheduler out, and a request arriving at normal speed is never cut off.
       Only when every connection is being served or younger than that in its silence
       or its request does the server stop accepting (the backlog holds the rest)."""
@@ -210,11 +212,30 @@ class _Server(TcpWSGIServer):
     def _stalest(live: list[Any], now: float) -> Any:
         silent = [c for c in live if not c.served and not c.requests and c.request is None
                   and now - c.creation_time > SLOW_REQUEST_S]  # fmt: skip
-        if silent:  # strangers that have not begun a request (or a TLS handshake)
-            return min(silent, key=lambda c: c.creation_time)
+        # Strangers that have not begun a request (or a TLS handshake), oldest first. One
+        # whose bytes wait unread in its socket has spoken: the loop is behind, not the
+        # client, and a busy loop must not cut off the scheduler's new connection.
+        for c in sorted(silent, key=lambda c: c.creation_time):
+            if not _unread(c):
+                return c
         slow = [c for c in live if not c.requests and c.request is not None
                 and now - c.request.started > SLOW_REQUEST_S]  # fmt: skip
         if slow:
             return min(slow, key=lambda c: c.request.started)
-        idle = [c for c in live if not c.requests and c.request is None]
+        # Served connections between requests; a stranger under the slow mark, or one
+        # whose request waits unread, is never cut off.
+        idle = [c for c in live if c.served and not c.requests and c.request is None]
         return min(idle, key=lambda c: c.last_activity) if idle else None
+
+
+def _unread(channel: Any) -> bool:
+    """Whether bytes from the client wait in the channel's socket. The plain socket's
+    recv is called even on a TLS socket, so that ciphertext counts and nothing is
+    consumed."""
+    sock = channel.socket
+    if sock is None:
+        return False
+    try:
+        return bool(socket.socket.recv(sock, 1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:  # nothing to read yet (BlockingIOError), or the socket is gone
+        return False

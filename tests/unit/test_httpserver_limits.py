@@ -206,3 +206,32 @@ def test_bodies_past_the_budget_are_a_prompt_503_and_the_budget_comes_back() -> 
 def test_a_budget_below_the_cap_is_one_line() -> None:
     with pytest.raises(UsageError, match="body_budget_bytes >= max_body_bytes"):
         HttpServer("127.0.0.1:0", echo, name="x", max_body_bytes=1000, body_budget_bytes=10)
+
+
+def test_a_stranger_whose_request_waits_unread_is_not_taken_for_silent() -> None:
+    """On a loaded loop a new connection's request can sit in its socket for over the
+    slow mark before the loop reads it: that client has spoken, and the scheduler's
+    fresh connection must not be cut off for the loop's delay (it once was, in CI, with
+    400 clients reconnecting)."""
+    from types import SimpleNamespace
+
+    spoke_server, spoke_client = socket.socketpair()
+    silent_server, silent_client = socket.socketpair()
+    try:
+        spoke_client.sendall(b"POST /filter HTTP/1.1\r\n")
+        now = time.time()
+        old = now - limits.SLOW_REQUEST_S - 1
+
+        def stranger(sock: socket.socket, created: float) -> SimpleNamespace:
+            return SimpleNamespace(served=0, requests=[], request=None, creation_time=created,
+                                   last_activity=created, socket=sock)  # fmt: skip
+
+        spoke = stranger(spoke_server, old - 5)  # the oldest, but its bytes wait unread
+        silent = stranger(silent_server, old)
+        assert limits._Server._stalest([spoke, silent], now) is silent
+        assert limits._Server._stalest([spoke], now) is None  # alone, it waits its turn
+        # Peeking consumed nothing: the loop still reads the whole request line.
+        assert spoke_server.recv(100) == b"POST /filter HTTP/1.1\r\n"
+    finally:
+        for s in (spoke_server, spoke_client, silent_server, silent_client):
+            s.close()
