@@ -94,7 +94,7 @@ def test_energy_counter_increases(backend: NvmlBackend) -> None:
 
     backend.inventory()
     a = backend.energy()[0]  # its own schedule: not part of sample() (issue 19)
-    time.sleep(1.0)
+    time.sleep(1.0)  # the counter must advance over time: a second of running
     b = backend.energy()[0]
     if a is None:
         pytest.skip("energy counter not supported on this GPU (older than Volta)")

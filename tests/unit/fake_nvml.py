@@ -152,7 +152,7 @@ class FakeNvml:
             return SimpleNamespace(
                 device=h, eventType=real.nvmlEventTypeXidCriticalError, eventData=xid
             )
-        time.sleep(min(timeout_ms, 20) / 1000)
+        time.sleep(min(timeout_ms, 20) / 1000)  # the real call blocks until its time-out
         raise NVMLError(real.NVML_ERROR_TIMEOUT)
 
     def nvmlEventSetFree(self, evset: str) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from gpudaemon.errors import UsageError
 from gpudaemon.httpserver import HttpServer, limits
+from tests.support import wait_for
 from tests.unit.test_httpserver import echo, request
 
 
@@ -139,9 +140,11 @@ def test_a_request_still_arriving_under_the_slow_mark_is_not_shed() -> None:
         assert c.getresponse().read() == b"/healthz"
         assert c.sock is not None
         c.sock.sendall(b"POST /mine HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\na")
-        time.sleep(0.2)
+        wait_held(srv, 2)  # its request has begun
         newcomer = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
-        time.sleep(0.2)  # under the slow mark: the newcomer waits in the backlog
+        # Time for the server to (wrongly) cut the arriving request off for the
+        # newcomer, still under the slow mark: the newcomer waits in the backlog.
+        time.sleep(0.2)
         c.sock.sendall(b"b")
         c.sock.settimeout(5)
         answer = b""
@@ -165,13 +168,10 @@ def test_413_names_the_cap_and_comes_before_the_body(quick: HttpServer) -> None:
     assert b"the body (5000 bytes) is over test.max_body_bytes (1000)" in answer
 
 
-def _held_becomes(srv: HttpServer, want: int) -> int:
-    """The budget's bytes held, once they read `want` (or after 3 s): the loop thread
-    takes and gives them back just after the bytes or the answer cross the socket."""
-    deadline = time.monotonic() + 3.0
-    while srv.budget.held != want and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return srv.budget.held
+def wait_held(srv: HttpServer, want: int) -> None:
+    """Until the budget's bytes held read `want`: the loop thread takes and gives them
+    back just after the bytes or the answer cross the socket."""
+    wait_for(lambda: srv.budget.held == want, 10, interval=0.01, what=f"{want} body bytes held")
 
 
 def test_bodies_past_the_budget_are_a_prompt_503_and_the_budget_comes_back() -> None:
@@ -181,7 +181,7 @@ def test_bodies_past_the_budget_are_a_prompt_503_and_the_budget_comes_back() -> 
         # One body of 1,000 bytes announced and half sent: its bytes are held.
         holder = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
         holder.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"a" * 500)
-        assert _held_becomes(srv, 1000) == 1000
+        wait_held(srv, 1000)
         t0 = time.monotonic()
         status, body = request(srv.port, "POST", "/", b"b" * 600)
         assert status == 503 and b"test.body_budget_bytes (1500)" in body
@@ -190,15 +190,15 @@ def test_bodies_past_the_budget_are_a_prompt_503_and_the_budget_comes_back() -> 
         holder.sendall(b"a" * 500)
         assert holder.recv(1000).startswith(b"HTTP/1.1 200 ")
         holder.close()
-        assert _held_becomes(srv, 0) == 0  # given back once waitress closes the request
+        wait_held(srv, 0)  # given back once waitress closes the request
         assert request(srv.port, "POST", "/", b"d" * 1000) == (200, b"d" * 1000)
-        assert _held_becomes(srv, 0) == 0
+        wait_held(srv, 0)
         # A client that drops mid-body gives its share back too.
         cut = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
         cut.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nxx")
-        assert _held_becomes(srv, 1000) == 1000
+        wait_held(srv, 1000)
         cut.close()
-        assert _held_becomes(srv, 0) == 0
+        wait_held(srv, 0)
     finally:
         srv.stop()
 

@@ -5,6 +5,7 @@ import pytest
 
 from gpudaemon.backends.nvml import NvmlBackend
 from gpudaemon.errors import BackendError, NvmlUnavailableError
+from tests.support import wait_for
 from tests.unit.fake_nvml import FakeGpu, FakeMig, FakeNvml
 
 
@@ -196,16 +197,11 @@ def test_a_function_missing_from_the_binding_is_unsupported_not_an_error() -> No
 
 
 def test_the_xid_thread_counts_driver_events_and_stops_on_close() -> None:
-    import time
-
     fake = FakeNvml([FakeGpu(uuid="GPU-0"), FakeGpu(uuid="GPU-1")])
     b = NvmlBackend(nvml=fake, xid_events=True)  # type: ignore[arg-type]
     b.inventory()
     fake.events += [(1, 79), (0, 13)]
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and fake.events:
-        time.sleep(0.02)
-    time.sleep(0.05)
+    wait_for(lambda: all(s.xid_errors_total for s in b.sample()), 10, what="both events counted")
     s = b.sample()
     assert s[1].xid_errors_total == {79: 1} and not s[1].healthy
     assert s[0].xid_errors_total == {13: 1} and s[0].healthy

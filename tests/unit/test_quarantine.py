@@ -97,7 +97,12 @@ def test_an_xid_storm_is_one_reconcile(
         lambda: backend.sample()[5].xid_errors_total.get(79) == 5000, 5, what="5,000 events counted"
     )
     backend.inject(5, FaultSpec(kind="xid", xid=79, count=3000))  # a second burst
-    time.sleep(1.5)
+    wait_for(
+        lambda: backend.sample()[5].xid_errors_total.get(79) == 8000,
+        10,
+        what="8,000 events counted",
+    )
+    time.sleep(1.5)  # a negative check: no second write, over a telemetry poll or two
     assert len(sink.applied) == before + 1
 
 
@@ -108,7 +113,7 @@ def test_an_application_xid_wakes_nothing(
     before = len(sink.applied)
     backend.inject(1, FaultSpec(kind="xid", xid=13, count=100))
     wait_for(lambda: backend.sample()[1].xid_errors_total.get(13) == 100, 3, what="XIDs counted")
-    time.sleep(1.5)  # a telemetry poll or two
+    time.sleep(1.5)  # a negative check: no write, over a telemetry poll or two
     assert len(sink.applied) == before
     assert sink.unhealthy() == "0"
 

@@ -225,7 +225,7 @@ def test_a_node_event_that_wakes_nothing_sets_nothing_in_the_loop(
     obj = verdict_node("n1", SICK)
     obj["metadata"]["labels"]["heartbeat"] = "2"
     nodes_watch(rb).on_event("MODIFIED", obj)  # the same verdict: no new drain
-    time.sleep(0.5)
+    time.sleep(0.5)  # a negative check: time for a pass that must not come
     assert metric(rb, "gpudaemon_rebalancer_passes_total") == 1
 
 
@@ -283,9 +283,9 @@ def test_a_burst_of_verdicts_is_a_few_drain_passes_each_evicting_a_pod_once(loop
     for i, n in enumerate(names):  # a rack losing power, over half a second
         nodes_watch(rb).on_event("MODIFIED", verdict_node(n, [
             ("unhealthy", "reboot_node", [f"ml/a{i}"]), ("healthy", "none", [])]))  # fmt: skip
-        time.sleep(0.0125)
+        time.sleep(0.0125)  # the verdicts arrive spread over time, as in a rack
     wait_for(lambda: len(kube.evictions) >= len(names), 5, interval=0.01, what="every eviction")
-    time.sleep(0.3)  # another drain pass, were one coming
+    time.sleep(0.3)  # a negative check: time for another drain pass, were one coming
     assert metric(rb, "gpudaemon_rebalancer_passes_total") <= 1 + 4
     assert sorted(kube.evictions) == sorted((f"ml/a{i}", False) for i in range(len(names)))
 

@@ -21,6 +21,7 @@ from gpudaemon.backends.simulated.profile import parse_profile
 from gpudaemon.config.remediation import RemediationConfig
 from gpudaemon.model import PodRef
 from gpudaemon.remediation.grant import Grant
+from tests.support import wait_for
 
 KEY = "gpudaemon.io/gpu-reset"
 
@@ -206,14 +207,10 @@ def test_a_persistent_xid_comes_back_through_the_event_path_too() -> None:
     b.subscribe(lambda i, x: seen.append((i, x)))
     try:
         b.inject(1, FaultSpec(kind="xid", xid=48, persistent=True))
-        deadline = time.monotonic() + 5
-        while not seen and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: seen, 10, interval=0.01, what="the XID event")
         assert seen == [(1, 48)]
         assert b.reset_gpu(1, "/unused", 5).ok
-        deadline = time.monotonic() + 5
-        while len(seen) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: len(seen) >= 2, 10, interval=0.01, what="the XID again after the reset")
         assert seen == [(1, 48), (1, 48)]
         assert b.sample()[1].health_action == "reset_gpu"
     finally:
