@@ -7,7 +7,6 @@ oracle."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,11 +25,9 @@ from gpudaemon.rebalancer.planner import (
     _without,
     may_land,
 )
-from tests.kubeobjects import lease_obj, node_obj, pod_obj
+from tests import kubeobjects
+from tests.kubeobjects import lease_obj
 from tests.unit.rebalancer.fake_kube import FakeKube  # the API calls of a dry-run pass
-
-P = "gpudaemon.io/"
-OWNER = [{"kind": "ReplicaSet", "name": "rs", "controller": True, "uid": "rs"}]
 
 
 def exhaustive(
@@ -101,30 +98,15 @@ def exhaustive(
 
 
 def node(i: int, gpus: int = 8, product: str = "NVIDIA-H100-80GB-HBM3") -> dict[str, Any]:
-    """tests/kubeobjects' Node, with `gpus` GPUs of `product`, all healthy."""
-    entries = [{"index": g, "uuid": f"GPU-{i}-{g}", "memory_total_mib": 81559}
-               for g in range(gpus)]  # fmt: skip
-    labels = {P + "gpu.count": str(gpus), P + "gpu.healthy": str(gpus), P + "gpu.product": product}
-    obj = node_obj(f"n{i:05d}", labels, {P + "gpus": json.dumps(entries)})
-    alloc = {**obj["status"]["allocatable"], "nvidia.com/gpu": str(gpus)}
-    obj["status"].update(capacity=alloc, allocatable=alloc)
-    return obj
+    """A Node `n<i>` with `gpus` GPUs of `product`, all healthy."""
+    return kubeobjects.node(f"n{i:05d}", gpus, product=product, uuid_prefix=str(i))
 
 
 def pod(name: str, node_name: str, gpus: int, opt_in: bool, model: str = "") -> dict[str, Any]:
-    """tests/kubeobjects' pod, owned by a ReplicaSet, opted in or not, pinned to a GPU
-    model or not; without a node, pending and marked unschedulable by the scheduler."""
-    obj = pod_obj(name, gpus, node_name)
-    obj["metadata"]["ownerReferences"] = OWNER
-    if opt_in:
-        obj["metadata"]["annotations"] = {P + "rebalance": "true"}
-    if model:
-        obj["spec"]["nodeSelector"] = {P + "gpu.product": model}
-    if not node_name:
-        obj["status"] = {"phase": "Pending", "conditions": [
-            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-             "lastTransitionTime": "2026-11-25T00:00:00Z"}]}  # fmt: skip
-    return obj
+    """A pod owned by a ReplicaSet, opted in or not, pinned to a GPU model or not;
+    without a node, pending and marked unschedulable by the scheduler."""
+    return kubeobjects.pod(name, gpus, node_name, owned=True, opt_in=opt_in, model=model,
+                           unschedulable=not node_name)  # fmt: skip
 
 
 def rebalancer(nodes: list[dict[str, Any]], running: list[dict[str, Any]],

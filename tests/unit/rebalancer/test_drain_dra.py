@@ -12,8 +12,9 @@ from gpudaemon.config import Config
 from gpudaemon.rebalancer.app import Rebalancer
 from tests.clock import FakeClock
 from tests.dra_objects import claim, dra_pod, gpu_device, nvidia_slice
+from tests.kubeobjects import OWNER
 from tests.unit.rebalancer.fake_kube import FakeKube
-from tests.unit.rebalancer.test_rebalancer import OWNER, load, node
+from tests.unit.rebalancer.test_rebalancer import load, node
 
 
 def rig(dra: bool) -> tuple[Rebalancer, FakeKube, FakeClock]:

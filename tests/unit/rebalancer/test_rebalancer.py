@@ -14,68 +14,27 @@ from gpudaemon.errors import KubeUnavailableError
 from gpudaemon.rebalancer.app import Rebalancer
 from gpudaemon.rebalancer.ratelimit import RateLimit
 from gpudaemon.selector import selector_matcher
+from tests import kubeobjects
 from tests.clock import FakeClock
 from tests.unit.extender.test_cluster import lease_obj
 from tests.unit.rebalancer.fake_kube import FakeKube
 
 P = "gpudaemon.io/"
-OWNER = [{"kind": "ReplicaSet", "name": "rs", "controller": True, "uid": "rs"}]
 
 
 def node(name: str, gpus: int = 8, sick: dict[int, list[str]] | None = None) -> dict[str, Any]:
     """`sick`: GPU index -> the pods holding it (the agent's `gpus` annotation)."""
-    sick = sick or {}
-    entries = []
-    for i in range(gpus):
-        e: dict[str, Any] = {"index": i, "uuid": f"GPU-{name}-{i}", "memory_total_mib": 81559}
-        if i in sick:
-            e.update(healthy=False, reason="xid 79", pods=sick[i])
-        entries.append(e)
-    return {
-        "metadata": {
-            "name": name,
-            "uid": f"uid-{name}",
-            "labels": {
-                P + "gpu.count": str(gpus),
-                P + "gpu.healthy": str(gpus - len(sick)),
-                P + "gpu.product": "NVIDIA-H100",
-            },
-            "annotations": {P + "gpus": json.dumps(entries)},
-        },
-        "status": {
-            "allocatable": {
-                "nvidia.com/gpu": str(gpus),
-                "cpu": "64",
-                "memory": "256Gi",
-                "pods": "110",
-            }
-        },
-    }
+    return kubeobjects.node(
+        name, gpus, uid=f"uid-{name}", product="NVIDIA-H100", sick=sick, minimal=True
+    )
 
 
 def pod(name: str, node_name: str = "", gpus: int = 1, owned: bool = True,
         opt_in: bool = True, unschedulable: bool = False) -> dict[str, Any]:  # fmt: skip
-    meta: dict[str, Any] = {"uid": f"uid-{name}", "name": name, "namespace": "ml"}
-    if owned:
-        meta["ownerReferences"] = OWNER
-    if opt_in:
-        meta["annotations"] = {"gpudaemon.io/rebalance": "true"}
-    status: dict[str, Any] = {"phase": "Running" if node_name else "Pending"}
-    if unschedulable:
-        status["conditions"] = [{"type": "PodScheduled", "status": "False",
-                                 "reason": "Unschedulable",
-                                 "lastTransitionTime": "2026-11-25T00:00:00Z"}]  # fmt: skip
-    return {
-        "metadata": meta,
-        "spec": {
-            "nodeName": node_name,
-            "schedulerName": "gpudaemon-scheduler",
-            "containers": [
-                {"name": "c", "resources": {"requests": {"nvidia.com/gpu": str(gpus), "cpu": "1"}}}
-            ],
-        },
-        "status": status,
-    }
+    return kubeobjects.pod(
+        name, gpus, node_name, uid=f"uid-{name}", namespace="ml", owned=owned, opt_in=opt_in,
+        unschedulable=unschedulable, minimal=True,
+    )  # fmt: skip
 
 
 def rig(apply: bool = False, kube: FakeKube | None = None, clock: FakeClock | None = None,
