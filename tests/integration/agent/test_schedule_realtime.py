@@ -5,11 +5,11 @@ counted, never stacked; shutdown waits for the running job and starts no other."
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from gpudaemon.schedule import CronScheduler
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -25,9 +25,7 @@ def test_overrunning_job_is_skipped_and_counted_not_stacked() -> None:
     sched.add("telemetry", slow, "* * * * * *")
     sched.start()
     try:
-        deadline = time.monotonic() + 8
-        while not overruns and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: overruns, 30, interval=0.05, what="an overrun of the stuck job")
     finally:
         release.set()
         sched.shutdown(wait=True)

@@ -17,6 +17,7 @@ import pytest
 from gpudaemon.extender.app import observability_only
 from gpudaemon.httpserver import HttpServer, TlsFiles, TlsHttpServer, text_response
 from tests.certs import Pki, make_pki
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration  # real sockets, real TLS handshakes
 
@@ -141,7 +142,8 @@ def test_a_stream_of_refused_handshakes_is_one_log_line_a_minute(
     for _ in range(20):
         with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
             get(tls_server.port, client_ctx(pki, None))
-    time.sleep(0.5)  # the refusals are logged from the loop thread
+    # The refusals are counted, then logged, on the loop thread.
+    wait_for(lambda: tls_server.refused >= 20, 10, what="the 20 refusals counted")
     refused = [m for _, m in lines if "extender:" in m and ("TLS" in m or "SSL" in m)]
     assert len(refused) == 1, refused
 
@@ -153,7 +155,7 @@ def test_silent_tcp_connections_delay_no_mutual_tls_caller(
     connection stalled every caller for its 30 s socket time-out."""
     silent = [socket.create_connection(("127.0.0.1", tls_server.port)) for _ in range(3)]
     try:
-        time.sleep(0.3)
+        time.sleep(0.3)  # the scenario: connections that have said nothing for a while
         ctx = client_ctx(pki, (pki.client.cert, pki.client.key))
         for _ in range(3):
             t0 = time.monotonic()

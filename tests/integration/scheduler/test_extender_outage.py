@@ -5,7 +5,6 @@ reconnect with backoff by themselves, and what changed meanwhile reaches its cac
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 import uuid
 
@@ -26,9 +25,14 @@ def test_the_extender_rides_out_an_api_server_restart(rig: SchedulerRig) -> None
     rig.run_agents([first])
     rig.wait_extender_sees([first])
 
+    broken = {id(r): r.relists for r in ext.reflectors}
     rig.cp.stop_apiserver()
     try:
-        time.sleep(3)  # every watch has broken and is backing off
+        wait_for(
+            lambda: all(r.relists > broken[id(r)] for r in ext.reflectors),
+            timeout=60,
+            what="every watch broken and backing off",
+        )
         # Still ready, still judging from the last state it saw: the scheduler (which
         # also cannot bind now) gets answers, not errors, for the pods it holds.
         assert ext.ready() == (True, "ok")
