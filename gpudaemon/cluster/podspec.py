@@ -214,3 +214,75 @@ def pod_policy(pod: Mapping[str, Any]) -> str | None:
     if not isinstance(v, str):
         return None
     return v if len(v) <= MAX_POLICY_NAME else v[:MAX_POLICY_NAME] + "..."
+
+
+# -- the kept form ------------------------------------------------------------------
+
+# A pod's own annotations are ours to read only under this prefix (the policy, the
+# rebalancer's opt-in); a value longer than this is cut (pod_policy cuts at 63 anyway).
+OUR_ANNOTATION_PREFIX = "gpudaemon.io/"
+MAX_KEPT_ANNOTATION = 256
+_KEPT_META = ("name", "namespace", "uid", "labels", "ownerReferences", "deletionTimestamp",
+              "creationTimestamp", "resourceVersion")  # fmt: skip
+_KEPT_CONTAINER = ("name", "resources", "restartPolicy")
+_KEPT_CONDITION = ("type", "status", "reason", "lastTransitionTime")
+_DROPPED_SPEC = frozenset({"containers", "initContainers", "ephemeralContainers", "volumes"})
+
+
+def kept_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What the extender, the rebalancer and `status` read of a pod, and nothing else:
+    the Reflector keeps each pod in this form from the moment its list page or watch
+    event arrives, so memory follows what we keep, not what tenants write (env, command
+    lines, managedFields, container statuses, other tools' annotations). Everything
+    the scheduler's filters read (affinity, tolerations, selectors, spread, claims)
+    stays as written; a volume keeps its name and kind (fits.py judges the kind)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
+        return dict(obj)  # malformed: the parsers that follow reject it as before
+    kept_meta = {k: meta[k] for k in _KEPT_META if k in meta}
+    ann = meta.get("annotations")
+    if isinstance(ann, Mapping):
+        kept_meta["annotations"] = {
+            k: v[:MAX_KEPT_ANNOTATION] if isinstance(v, str) else v
+            for k, v in ann.items()
+            if isinstance(k, str) and k.startswith(OUR_ANNOTATION_PREFIX)
+        }
+    kept_spec: dict[str, Any] = {k: v for k, v in spec.items() if k not in _DROPPED_SPEC}
+    for key in ("containers", "initContainers", "volumes"):
+        if key in spec:  # anything but a list stays as written, for the parsers to refuse
+            value = spec[key]
+            kept_spec[key] = value if not isinstance(value, list) else [
+                _kept_volume(v) if key == "volumes" else _kept_container(v) for v in value
+            ]  # fmt: skip
+    kept: dict[str, Any] = {"metadata": kept_meta, "spec": kept_spec}
+    if isinstance(status, Mapping):
+        kept_status = {k: status[k] for k in ("phase", "resourceClaimStatuses",
+                                               "nominatedNodeName") if k in status}  # fmt: skip
+        conds = status.get("conditions")
+        if isinstance(conds, list):
+            kept_status["conditions"] = [
+                {k: c[k] for k in _KEPT_CONDITION if k in c} if isinstance(c, Mapping) else c
+                for c in conds
+            ]
+        kept["status"] = kept_status
+    return kept
+
+
+def _kept_volume(v: Any) -> Any:
+    return {k: {} for k in v} | {"name": v.get("name")} if isinstance(v, Mapping) else v
+
+
+def _kept_container(c: Any) -> Any:
+    if not isinstance(c, Mapping):
+        return c
+    out = {k: c[k] for k in _KEPT_CONTAINER if k in c}
+    ports = c.get("ports")
+    if isinstance(ports, list):  # host ports tie a pod to nodes (fits.py)
+        out["ports"] = [
+            {k: p[k] for k in ("hostPort", "containerPort", "protocol") if k in p}
+            if isinstance(p, Mapping) else p
+            for p in ports
+        ]  # fmt: skip
+    return out

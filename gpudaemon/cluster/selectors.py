@@ -7,8 +7,16 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from gpudaemon.cluster.podspec import kept_pod
+
 # Bound pods that still hold resources: terminal pods free theirs (kube-scheduler's rule).
 POD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+# How both pod watches list and keep pods: each in its kept form as its page or event
+# arrives, in pages of 100 rather than client-go's 500, since a tenant's pod may be up
+# to etcd's 1.5 MB (one page in flight is then at most ~150 MB of JSON, once, at start
+# or relist; ordinary pods are a few KB). 50,000 pods list in 500 requests.
+POD_PAGE = 100
+POD_FORM: dict[str, Any] = {"transform": kept_pod, "page_size": POD_PAGE}
 
 
 def pending_selector(scheduler_name: str) -> str:

@@ -20,7 +20,12 @@ from gpudaemon.cluster.drawatch import dra_reflectors
 from gpudaemon.cluster.metrics import BadDataCollector, DraCollector
 from gpudaemon.cluster.policies import Policy, build_policies, policy_spec
 from gpudaemon.cluster.reservations import LeaseReservations, ReservationCollector
-from gpudaemon.cluster.selectors import POD_SELECTOR, pending_selector, unschedulable_since
+from gpudaemon.cluster.selectors import (
+    POD_FORM,
+    POD_SELECTOR,
+    pending_selector,
+    unschedulable_since,
+)
 from gpudaemon.config import ExtenderSettings
 from gpudaemon.errors import ConfigError
 from gpudaemon.extender.api import ExtenderApi
@@ -110,13 +115,13 @@ class Extender:
             Reflector(client, "nodes", "/api/v1/nodes", c.replace_nodes, c.node_event,
                       backoff=Backoff(0.5, cap), clock=clock),
             Reflector(client, "pods", "/api/v1/pods", c.replace_pods, c.pod_event,
-                      query={"fieldSelector": POD_SELECTOR}, backoff=Backoff(0.5, cap),
-                      clock=clock),
+                      query={"fieldSelector": POD_SELECTOR}, **POD_FORM,
+                      backoff=Backoff(0.5, cap), clock=clock),
             Reflector(client, "leases", lease_path(cfg.kubernetes.lease_namespace),
                       self._leases_replace, self._lease_event, backoff=Backoff(0.5, cap),
                       clock=clock),
             Reflector(client, "pending", "/api/v1/pods", self.pending.replace,
-                      self._pending_event, query={"fieldSelector": pending},
+                      self._pending_event, query={"fieldSelector": pending}, **POD_FORM,
                       backoff=Backoff(0.5, cap), clock=clock),
         ]  # fmt: skip
         if cfg.dra.enabled:

@@ -32,7 +32,7 @@ from gpudaemon.cluster.drawatch import dra_reflectors
 from gpudaemon.cluster.metrics import BadDataCollector, DraCollector
 from gpudaemon.cluster.policies import build_policies, policy_spec
 from gpudaemon.cluster.reservations import REBALANCER_LEASE, Reservation
-from gpudaemon.cluster.selectors import POD_SELECTOR, pending_selector
+from gpudaemon.cluster.selectors import POD_FORM, POD_SELECTOR, pending_selector
 from gpudaemon.config import RebalancerSettings
 from gpudaemon.errors import ConfigError
 from gpudaemon.httpserver import HttpServer
@@ -158,12 +158,14 @@ class Rebalancer:
             Reflector(client, "nodes", "/api/v1/nodes", self._nodes_replace, self._node_event,
                       backoff=Backoff(0.5, cap)),
             Reflector(client, "pods", "/api/v1/pods", c.replace_pods, c.pod_event,
-                      query={"fieldSelector": POD_SELECTOR}, backoff=Backoff(0.5, cap)),
+                      query={"fieldSelector": POD_SELECTOR}, **POD_FORM,
+                      backoff=Backoff(0.5, cap)),
             Reflector(client, "leases", lease_path(cfg.kubernetes.lease_namespace),
                       c.replace_leases, c.lease_event, backoff=Backoff(0.5, cap)),
             Reflector(client, "pending", "/api/v1/pods", self._pending_replace,
                       self._pending_event, backoff=Backoff(0.5, cap),
-                      query={"fieldSelector": pending_selector(self.rb.scheduler_name)}),
+                      query={"fieldSelector": pending_selector(self.rb.scheduler_name)},
+                      **POD_FORM),
         ]  # fmt: skip
         if cfg.dra.enabled:  # pods holding a sick GPU through a DRA claim
             self.reflectors += dra_reflectors(client, c, cap, clock)
