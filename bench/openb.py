@@ -117,6 +117,7 @@ MOST_ALLOCATED = {
     },
 }
 SCHED_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
+OPTIMUM_JSON = REPO / "bench" / "optimum.json"  # written by `scripts/bench optimum --write`
 NS = "openb"
 ARRIVE_TARGET = 1.3
 LEASE_SECONDS = 86400  # the bench measures packing, not freshness: no renewals mid-run
@@ -690,7 +691,23 @@ def account(outcomes: dict[str, Outcome], total_gpus: int) -> tuple[float, float
 # -- the table ----------------------------------------------------------------------
 
 
-def summarize(results: list[RunResult]) -> str:
+def load_optimum(path: Path = OPTIMUM_JSON) -> dict[tuple[str, int], float]:
+    """bench/optimum's committed figures by (pod list, seed): the unallocated GPU % at
+    100% arrived that no placement of the same pods goes below."""
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    return {
+        (pod_list, int(seed)): float(fig["unalloc_bound_pct"])
+        for pod_list, seeds in data.items()
+        for seed, fig in seeds.items()
+    }
+
+
+def summarize(results: list[RunResult], optimum: dict[tuple[str, int], float] | None = None) -> str:
+    """The table; with `optimum` (load_optimum), rows whose every seed has a figure
+    gain the optimum and the gap to it at 100% arrived, in points."""
+
     def cell(vals: list[float], fmt: str) -> str:
         m = statistics.fmean(vals)
         if len(vals) == 1:
@@ -710,6 +727,9 @@ def summarize(results: list[RunResult]) -> str:
             "pods/s",
         )
     ]
+    optimum = optimum or {}
+    if any((r.pod_list, r.seed) in optimum for r in results):
+        rows[0] += ("optimum %", "gap (points)")
     keys: list[tuple[str, str]] = []
     for r in results:
         if (r.pod_list, r.config) not in keys:
@@ -729,6 +749,14 @@ def summarize(results: list[RunResult]) -> str:
                 cell([r.pods_per_s for r in rs], ".0f"),
             )
         )
+        if len(rows[0]) > len(rows[-1]):
+            opt = [optimum.get((r.pod_list, r.seed)) for r in rs]
+            if all(o is not None for o in opt):
+                best = [o for o in opt if o is not None]
+                gap = [r.unalloc_100 - o for r, o in zip(rs, best, strict=True)]
+                rows[-1] += (cell(best, ".2f"), cell(gap, ".2f"))
+            else:
+                rows[-1] += ("-", "-")
     return table(rows[0], rows[1:])
 
 
@@ -755,7 +783,7 @@ def main() -> int:
         ]
         order = {c: i for i, c in enumerate(CONFIGS + VARIANTS)}
         saved.sort(key=lambda r: (r.pod_list, order.get(r.config, 99), r.seed))
-        print(summarize(saved))
+        print(summarize(saved, load_optimum()))
         return 0
     if args.fast:
         args.lists, args.seeds = "multigpu50", "1"
@@ -836,7 +864,7 @@ def main() -> int:
         f"{platform.node()} {os.cpu_count()} cpu, Python {platform.python_version()}"
     )
     print(f"cluster {len(nodes)} nodes / {total} GPUs; mean [min-max] over seeds")
-    print(summarize(results))
+    print(summarize(results, load_optimum()))
     late = sum(r.late_binds for r in results)
     if late:
         print(f"late binds (placed after being reported unschedulable): {late}")

@@ -32,11 +32,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.openb import LISTS, NODE_LIST, TRACES, PodRow, arrivals, read_nodes, read_pods
+from bench.openb import (
+    LISTS,
+    NODE_LIST,
+    OPTIMUM_JSON,
+    TRACES,
+    PodRow,
+    arrivals,
+    read_nodes,
+    read_pods,
+)
 from bench.table import print_table
 from tests.packing_optimum import node_types, pod_types, solve
-
-OPTIMUM_JSON = Path(__file__).resolve().parent / "optimum.json"
 
 
 def at_cut(seq: list[PodRow], total_gpus: int, fraction: float = 1.0) -> list[PodRow]:
