@@ -431,7 +431,7 @@ class Processes:
         if extender_url is not None:
             conf = yaml.safe_load(SCHED_CONFIG.read_text())
             conf["extenders"][0]["urlPrefix"] = extender_url
-            profile = conf["profiles"][0]
+            profile: dict[str, Any] = conf["profiles"][0]
             name = profile["schedulerName"]
             if config.endswith("-hami"):
                 score = profile.setdefault("plugins", {}).setdefault("score", {})
@@ -445,7 +445,7 @@ class Processes:
                 ]
         else:
             name = "default-scheduler"
-            profile: dict[str, Any] = {"schedulerName": name}
+            profile = {"schedulerName": name}
             if config == "mostallocated":
                 profile["pluginConfig"] = [MOST_ALLOCATED]
             conf = {
@@ -582,7 +582,7 @@ def pod_body(i: int, p: PodRow, scheduler: str, products: dict[str, str], prefix
 def unschedulable(pod: dict[str, Any]) -> bool:
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("status") == "False":
-            return c.get("reason") == "Unschedulable"
+            return bool(c.get("reason") == "Unschedulable")
     return False
 
 
@@ -714,7 +714,7 @@ def summarize(results: list[RunResult], optimum: dict[tuple[str, int], float] | 
             return format(m, fmt)
         return f"{format(m, fmt)} [{format(min(vals), fmt)}-{format(max(vals), fmt)}]"
 
-    rows = [
+    rows: list[tuple[str, ...]] = [
         (
             "pod list",
             "config",
