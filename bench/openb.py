@@ -43,6 +43,9 @@ Configurations (all percentageOfNodesToScore: 100, one kube-scheduler process ea
               [--configs default,mostallocated,binpack,fragmentation] [--window 32]
               [--json FILE] [--keep]
   scripts/bench openb --table FILE.json ...   (the table of saved runs, merged)
+
+Rows whose list and seeds have a figure in bench/optimum.json (scripts/bench optimum
+--write: the offline optimum at the 100% cut) gain that optimum and the gap to it.
 """
 
 from __future__ import annotations
