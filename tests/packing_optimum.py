@@ -12,7 +12,9 @@ a knapsack MILP per node type (scipy.optimize.milp) for pricing. Every round's d
 give a Lagrangian bound that is valid before convergence, computed from the pricing
 MILPs' dual bounds; GPUs are whole, so its floor bounds the allocated GPUs. The integer
 solution (a real placement) is the master restricted to the generated columns as a MILP,
-then a best-fit pass over what it left; `check` verifies it node by node.
+then a best-fit pass over what it left, then an exact per-node MILP over neighbourhoods
+(the nodes with free GPUs and others drawn at random) until it reaches the bound or the
+time limit; `check` verifies it node by node.
 """
 
 from __future__ import annotations
@@ -105,30 +107,44 @@ def pod_types(pods: Iterable[PodLike]) -> list[PodType]:
 Placement = list[tuple[int, tuple[int, ...], int]]
 
 
+class InvalidPlacement(ValueError):
+    """A placement that breaks a rule (raised, not asserted: `python -O` keeps it)."""
+
+
+def _require(ok: bool, what: str) -> None:
+    if not ok:
+        raise InvalidPlacement(what)
+
+
 def check(nts: Sequence[NodeType], pts: Sequence[PodType], placement: Placement) -> int:
-    """The GPUs a placement allocates; AssertionError if it is not a valid placement."""
+    """The GPUs a placement allocates; InvalidPlacement if it breaks a rule."""
     nodes_used = [0] * len(nts)
     pods_used = [0] * len(pts)
     gpus = 0
     for t, counts, k in placement:
         nt = nts[t]
-        assert k >= 0 and len(counts) == len(pts)
+        _require(k >= 0 and len(counts) == len(pts), f"malformed entry {(t, counts, k)}")
         nodes_used[t] += k
         use = [0, 0, 0]
         for p, a in enumerate(counts):
-            assert a >= 0
+            _require(a >= 0, f"a negative count of pod type {p}")
             if a == 0:
                 continue
             pt = pts[p]
-            assert pt.may_run_on(nt), f"pod type {p} on a {nt.model} node"
+            _require(pt.may_run_on(nt), f"pod type {p} on a {nt.model} node")
             use[0] += a * pt.gpus
             use[1] += a * pt.cpu_milli
             use[2] += a * pt.memory_mib
             pods_used[p] += a * k
-        assert use[0] <= nt.gpus and use[1] <= nt.cpu_milli and use[2] <= nt.memory_mib, (t, use)
+        _require(
+            use[0] <= nt.gpus and use[1] <= nt.cpu_milli and use[2] <= nt.memory_mib,
+            f"node type {t} over allocatable: {use}",
+        )
         gpus += k * use[0]
-    assert all(u <= nt.count for u, nt in zip(nodes_used, nts, strict=True)), nodes_used
-    assert all(u <= pt.count for u, pt in zip(pods_used, pts, strict=True)), pods_used
+    for t, (u, nt) in enumerate(zip(nodes_used, nts, strict=True)):
+        _require(u <= nt.count, f"{u} nodes of type {t}, which has {nt.count}")
+    for p, (u, pt) in enumerate(zip(pods_used, pts, strict=True)):
+        _require(u <= pt.count, f"{u} pods of type {p}, of {pt.count} arrived")
     return gpus
 
 

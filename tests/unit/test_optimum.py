@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.packing_optimum import (
+    InvalidPlacement,
     NodeType,
     PodType,
     all_columns,
@@ -136,24 +137,26 @@ def test_check_refuses_a_pinned_pod_on_another_model() -> None:
     nts = [NodeType("A", 8, 64, 256, 1), NodeType("B", 8, 64, 256, 1)]
     pts = [PodType(4, 8, 16, frozenset({"A"}), 3)]
     assert check(nts, pts, [(0, (2,), 1)]) == 8
-    with pytest.raises(AssertionError, match="on a B node"):
+    with pytest.raises(InvalidPlacement, match="on a B node"):
         check(nts, pts, [(0, (2,), 1), (1, (1,), 1)])
 
 
 @pytest.mark.parametrize(
     ("placement", "broken"),
     [
-        ([(0, (3,), 1)], "more GPUs than the node has"),
-        ([(0, (1,), 2)], "more nodes than there are"),
-        ([(0, (2,), 1), (1, (2,), 1)], "more pods than arrived"),
+        ([(0, (3,), 1)], "over allocatable"),  # 9 GPUs on an 8-GPU node
+        ([(1, (2,), 1)], "over allocatable"),  # 48 cores on a 40-core node
+        ([(0, (1,), 2)], "2 nodes of type 0, which has 1"),
+        ([(0, (2,), 1), (1, (1,), 1)], "3 pods of type 0, of 2 arrived"),
+        ([(0, (-1,), 1)], "negative count"),
     ],
 )
 def test_check_refuses_a_placement_that_breaks_a_rule(
     placement: list[tuple[int, tuple[int, ...], int]], broken: str
 ) -> None:
-    nts = [NodeType("A", 8, 64, 256, 1), NodeType("A", 8, 32, 256, 1)]
-    pts = [PodType(3, 8, 16, frozenset(), 3)]
-    with pytest.raises(AssertionError):
+    nts = [NodeType("A", 8, 64, 256, 1), NodeType("A", 8, 40, 256, 1)]
+    pts = [PodType(3, 24, 16, frozenset(), 2)]
+    with pytest.raises(InvalidPlacement, match=broken):
         check(nts, pts, placement)
 
 
