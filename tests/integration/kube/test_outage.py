@@ -66,7 +66,7 @@ def test_agent_survives_an_outage_backs_off_and_converges(
             status, body = http_get(f"http://127.0.0.1:{port}/metrics", timeout=5)
             answers.append(status)
             assert proc.poll() is None, log.read_text()[-3000:]
-            time.sleep(1)
+            time.sleep(1)  # sampled over the outage, which is the time under test
         assert answers and set(answers) == {200}, answers
         outage_s = time.monotonic() - down_at
         errors = _metric(body, 'gpudaemon_node_writes_total{result="error"}')

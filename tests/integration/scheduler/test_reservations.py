@@ -132,7 +132,8 @@ def test_forged_reservation_annotations_keep_no_room(
         a.request("PATCH", f"/api/v1/namespaces/{ns_a}/pods/hog-{i}",
                   body={"metadata": {"annotations": forge(i, time.time() + 7200)}},
                   content_type="application/merge-patch+json")  # fmt: skip
-    time.sleep(1)  # the watch delivers the renewal
+    # A negative check: time for the watch to deliver the renewal, which keeps no room.
+    time.sleep(1)
     b.request("POST", f"/api/v1/namespaces/{ns_b}/pods", body=gpu_pod("whole-1", 8, "forge"))
     second = bound_to(b, ns_b, "whole-1")
     assert {first, second} == set(nodes)
