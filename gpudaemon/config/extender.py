@@ -75,14 +75,23 @@ class PluginsConfig(_Section):
     score: Annotated[list[ScorePluginConfig], Field(min_length=1)] = [
         ScorePluginConfig(name="policy")
     ]
+    # Score plug-ins compared in order before the weighted sum (an ordered comparison,
+    # not a number: no weight outvotes them): free GPUs that are not degraded first,
+    # then a gang pod's tiers.
+    tiers: list[PluginName] = ["healthy_gpus", "gang"]
     # Run for the node ranked first (assume: count the pod there until it is bound).
     reserve: list[PluginName] = ["assume"]
+    # Each plug-in's own arguments, by plug-in name (checked against the plug-in when
+    # the extender starts). Over the older keys: `healthy.enabled` defaults to
+    # `avoid_unhealthy_nodes`, `healthy_gpus.enabled` to `prefer_healthy_gpus`.
+    args: dict[PluginName, dict[str, Any]] = {}
 
     @model_validator(mode="after")
     def _no_repeats(self) -> PluginsConfig:
         for kind, names in (
             ("filter", self.filter),
             ("score", [s.name for s in self.score]),
+            ("tiers", self.tiers),
             ("reserve", self.reserve),
         ):
             twice = sorted({n for n in names if names.count(n) > 1})

@@ -1,9 +1,12 @@
 """The extender's decisions, named as kube-scheduler names its steps, each made of the
-plug-ins `extender.plugins` enables (extender/plugins/): **filter** (which nodes can
-take the pod: the filter plug-ins in order; then the best few by score), **score**
-(the score plug-ins' normalised scores summed with their weights, a gang's tiers
-compared first, ranked onto 0-10) and **reserve** (the reserve plug-ins, for the node
-ranked first).
+plug-ins `extender.plugins` enables (extender/plugins/). Per request the framework
+writes what it knows of the pod into a fresh `CycleState`, then runs **PreFilter**
+(every enabled plug-in's `pre_filter`, once), **filter** (which nodes can take the
+pod: the filter plug-ins in order; then the best few by score), **score** (the tier
+plug-ins compared in order, then the score plug-ins' normalised scores summed with
+their weights, ranked onto 0-10) and **reserve** (the reserve plug-ins, for the node
+ranked first, or for the one node `filter` passes: the scheduler then skips
+/prioritize).
 
 Each request works on one snapshot of the cluster, taken under the cluster's lock, and
 the decisions are serialised under one lock: a pod's ranking and the reservation it
@@ -22,24 +25,21 @@ from typing import Any
 
 from gpudaemon.cluster.clusterstate import ClusterState, Snapshot
 from gpudaemon.cluster.podspec import POLICY_ANNOTATION, pod_gang, pod_policy, pod_shape
-from gpudaemon.cluster.policies.base import Policy, UnknownPolicyError
+from gpudaemon.cluster.policies import Policy, UnknownPolicyError
 from gpudaemon.cluster.reservations import LeaseReservations
-from gpudaemon.cluster.scoring import (
-    MAX_SCORE,
-    Gang,
-    GangScore,
-    Rejection,
-    ScoreMemo,
-    Scorer,
-    best_nodes,
-    gang_scores,
-    prefer_healthy,
-    rank,
-)
+from gpudaemon.cluster.scoring import MAX_SCORE, Rejection, ScoreMemo, Scorer, best_nodes, rank
 from gpudaemon.cluster.state import NodeState, PodShape
 from gpudaemon.config import PluginsConfig
 from gpudaemon.extender.metrics import ExtenderMetrics
-from gpudaemon.extender.plugins import MAX_NODE_SCORE, Cycle, NodeFilter, build_profile
+from gpudaemon.extender.plugins import (
+    MAX_NODE_SCORE,
+    POD,
+    Cycle,
+    CycleState,
+    NodeFilter,
+    RealPod,
+    build_profile,
+)
 from gpudaemon.extender.pods import PodVerifier
 from gpudaemon.extender.verdicts import VerdictTable, VerdictTables
 from gpudaemon.httpserver import Readiness
@@ -144,21 +144,34 @@ class Framework:
             )
         return policy
 
-    def _real_pod(
-        self, pod: Mapping[str, Any], shape: PodShape
-    ) -> tuple[str, PodShape, str] | None:
+    def _real_pod(self, pod: Mapping[str, Any], shape: PodShape) -> RealPod | None:
         """(UID, requests, gang) of the real pod behind the body, or None: then nothing
         is reserved or learned for it, and the reason is counted."""
         if self.verifier is None:  # trusted (tests, benchmarks); "" is never reserved
-            return _uid(pod), shape, pod_gang(pod)
+            return RealPod(_uid(pod), shape, pod_gang(pod))
         real, why = self.verifier.verify(pod)
         if real is None:
             self.metrics.unverified.labels(why).inc()
             return None
-        return real.uid, self.cluster.with_claims(real.claims, real.shape), real.gang
+        return RealPod(real.uid, self.cluster.with_claims(real.claims, real.shape), real.gang)
+
+    def _cycle(
+        self, pod: Mapping[str, Any], shape: PodShape, policy: Policy, real: RealPod | None
+    ) -> CycleState:
+        """The request's cycle state, with what the framework knows of the pod."""
+        state = CycleState()
+        uid = real.uid if real is not None else _uid(pod)
+        state.write(POD, Cycle(pod, shape, policy, uid, self.cluster.wall(), real))
+        return state
+
+    def _pre_filter(self, state: CycleState) -> None:
+        """PreFilter: each enabled plug-in's, once per request (under `_lock`, so what
+        they read of the cluster is what the request decides on)."""
+        for p in self.profile.pre_filters:
+            p.pre_filter(state)
 
     def _scored(
-        self, cycle: Cycle, names: Sequence[str], states: Mapping[str, NodeState | None]
+        self, state: CycleState, names: Sequence[str], states: Mapping[str, NodeState | None]
     ) -> dict[str, float]:
         """The pod's score per node: each score plug-in's raw scores (memoized),
         normalised to 0..MAX_NODE_SCORE over these nodes and summed with the weights
@@ -166,8 +179,8 @@ class Framework:
         leaves out a node that cannot host the pod). With one plug-in its raw scores
         are used as they are: a positive affine map keeps their order, and skipping it
         keeps close raw scores from merging in float rounding."""
-        scorers = self._scorers(cycle)
-        memo, shape = self._scores, cycle.shape
+        scorers = self._scorers(state)
+        memo, shape = self._scores, state.read(POD).shape
         if len(scorers) == 1:
             return memo.scores(scorers[0][0], shape, names, states)
         parts = [(memo.scores(s, shape, names, states), w) for s, w in scorers]
@@ -189,57 +202,23 @@ class Framework:
                 total[n] += k * (raw[n] - lo)
         return total
 
-    def _scorers(self, cycle: Cycle) -> list[tuple[Scorer, int]]:
+    def _scorers(self, state: CycleState) -> list[tuple[Scorer, int]]:
         """The score plug-ins with a say on this pod, and their weights. None for a pod
         asking for no GPU unless `score_gpuless_pods`: it is then neutral everywhere and
         kube-scheduler picks among the nodes at random (issue 40)."""
-        if not (cycle.shape.wants_gpus or self.score_gpuless_pods):
+        if not (state.read(POD).shape.wants_gpus or self.score_gpuless_pods):
             return []
-        return [(s, w) for p, w in self.profile.scores if (s := p.scorer(cycle)) is not None]
-
-    def _with_gang(
-        self,
-        raw: dict[str, float],
-        real: tuple[str, PodShape, str] | None,
-        states: Mapping[str, NodeState | None],
-    ) -> Mapping[str, float] | Mapping[str, GangScore]:
-        """A gang pod's scores (scoring.gang_scores: its gang's tiers, then the
-        policy's raw score); any other pod's raw scores, unchanged. Gathers what the
-        tiers read: the nodes holding the gang, and the GPUs of the gang still to place
-        (this pod and its pending siblings not yet placed)."""
-        if real is None or not real[2] or not raw:
-            return raw
-        uid, shape, gang = real
-        held = self.cluster.gang_nodes(gang)
-        remaining = shape.gpus
-        if self.pending is not None:
-            remaining += sum(
-                p.shape.gpus
-                for p in self.pending.gang_members(gang)
-                if p.uid != uid and not self.cluster.is_assumed(p.uid)
-            )
-        # A node the gang filled is often not in the request (the scheduler's filter
-        # dropped it), yet its product is the gang's: read it from the cache.
-        outside = self.cluster.states([n for n in held if n not in states]) if held else {}
-        products = frozenset(
-            st.gpu_model for n in held if (st := states.get(n) or outside.get(n)) is not None
-        )
-        return gang_scores(raw, states, Gang(held, products, remaining, shape.gpus))
+        return [(s, w) for p, w in self.profile.scores if (s := p.scorer(state)) is not None]
 
     def _ranked(
-        self,
-        raw: dict[str, float],
-        real: tuple[str, PodShape, str] | None,
-        snap: Snapshot,
-        shape: PodShape,
+        self, state: CycleState, raw: dict[str, float], snap: Snapshot
     ) -> Mapping[str, Any]:
-        """What the nodes are ranked by: the gang's tiers (`_with_gang`), and before
-        them the healthy-GPU preference (scoring.prefer_healthy), which changes nothing
-        while no ranked node has a free degraded GPU."""
-        ranked = self._with_gang(raw, real, snap.states)
-        if self.prefer_healthy_gpus and snap.degraded:
-            gpus = real[1].gpus if real is not None else shape.gpus
-            return prefer_healthy(ranked, snap.states, snap.degraded, gpus)
+        """What the nodes are ranked by: the tier plug-ins' preferences, the first
+        configured compared first, then the summed scores (an ordered comparison: a
+        tier with no say on this pod gives the scores back unchanged)."""
+        ranked: Mapping[str, Any] = raw
+        for tier in reversed(self.profile.tiers):
+            ranked = tier.order(state, ranked, snap)
         return ranked
 
     def _require_ready(self) -> None:
@@ -268,16 +247,17 @@ class Framework:
                 p.observe_pod(real[0], real[1])
             if self.observe is not None:
                 self.observe(real[0], real[1])
-        uid = real[0] if real is not None else _uid(pod)
-        cycle = Cycle(pod, shape, policy, uid, self.cluster.wall())
-        prepared = [(f, c) for f in self.profile.filters if (c := f.prepare(cycle)) is not None]
-        filters = [c for _, c in prepared]
+        state = self._cycle(pod, shape, policy, real)
+        uid = state.read(POD).uid
         rejected: dict[str, Rejection] = {}
         with self._lock:
-            fast = self._table(cycle, real, names, prepared)
+            self._pre_filter(state)
+            prepared = [(f, c) for f in self.profile.filters if (c := f.filter(state)) is not None]
+            filters = [c for _, c in prepared]
+            fast = self._table(state, names, prepared)
             if fast is not None:
-                return self._filter_from(fast[0], fast[1], names, real)
-            snap = self.cluster.snapshot(names, uid, real[1] if real is not None else shape)
+                return self._filter_from(state, fast[0], fast[1], names)
+            snap = self.cluster.snapshot(names, uid, real.shape if real is not None else shape)
             states, fresh = snap.states, snap.fresh
             passed = list(names)
             for run in filters:  # in order, each on what the ones before passed
@@ -288,10 +268,10 @@ class Framework:
                 # FailedNodes: the scheduler reads that map only for a pod that fits
                 # nowhere, and here some node fits; listing them would cost the
                 # scheduler a map of every node to decode per pod.
-                raw = self._scored(cycle, passed, states) if self._scorers(cycle) else {}
+                raw = self._scored(state, passed, states) if self._scorers(state) else {}
                 if raw:  # none scorable (our CPU/memory view says no node fits, the
                     # scheduler's says some do): leave the choice to the scheduler
-                    keep = best_nodes(self._ranked(raw, real, snap, shape), self.candidates)
+                    keep = best_nodes(self._ranked(state, raw, snap), self.candidates)
                     if len(keep) < self.candidates:  # fill up with the unscored ones
                         keep += [n for n in passed if n not in raw][: self.candidates - len(keep)]
                     removed["outranked"] += len(passed) - len(keep)
@@ -300,12 +280,12 @@ class Framework:
                 real is not None
                 and len(passed) == 1
                 and (s := states[passed[0]]) is not None
-                and s.can_host(real[1])
+                and s.can_host(real.shape)
             ):
                 # The scheduler skips /prioritize with one feasible node, so the pod
                 # would never be reserved: reserve it here, or the next pods of a burst
                 # are judged from a count that misses it.
-                self._reserve(real[0], passed[0], real[1], real[2])
+                self._reserve(state, passed[0])
         for reason, count in removed.items():
             self.metrics.filter_nodes.labels(reason).inc(count)
         self.metrics.filter_nodes.labels("passed").inc(len(passed))
@@ -313,22 +293,27 @@ class Framework:
 
     def _table(
         self,
-        cycle: Cycle,
-        real: tuple[str, PodShape, str] | None,
+        state: CycleState,
         names: Sequence[str],
         prepared: Sequence[tuple[object, NodeFilter]],
     ) -> tuple[VerdictTable, set[str]] | None:
         """The pod's verdict table, brought up to date, when its answer is the general
         path's from the table alone: a large request naming each node once, filters that
-        judge only the node's state and freshness (`pure`), one score plug-in, and no
-        gang, DRA claim or free degraded GPU (those rank per pod). Under `_lock`."""
+        judge only the node's state and freshness (`pure`), one score plug-in, no DRA
+        claim, and no tier with a say (a gang pod; a free degraded GPU): those rank per
+        pod. Under `_lock`."""
         if len(names) < self.table_min_nodes:
             return None
         if not all(getattr(f, "pure", False) for f, _ in prepared):
             return None
-        if cycle.shape.dra or (real is not None and (real[2] or real[1].dra)):
+        cycle = state.read(POD)
+        real = cycle.real
+        if cycle.shape.dra or (real is not None and real.shape.dra):
             return None
-        scorers = self._scorers(cycle)
+        tiers = self.profile.tiers
+        if any(t.has_say(state, False) for t in tiers):
+            return None
+        scorers = self._scorers(state)
         if len(scorers) > 1:
             return None
         key = tuple(str(getattr(f, "name", "")) for f, _ in prepared)
@@ -339,27 +324,24 @@ class Framework:
         no_degraded = table.update(
             self.cluster, [c for _, c in prepared], nameset, self.cluster.wall()
         )
-        if not no_degraded and self.prefer_healthy_gpus:
+        if not no_degraded and any(t.has_say(state, True) for t in tiers):
             return None
         return table, nameset
 
     def _filter_from(
-        self,
-        table: VerdictTable,
-        nameset: set[str],
-        names: Sequence[str],
-        real: tuple[str, PodShape, str] | None,
+        self, state: CycleState, table: VerdictTable, nameset: set[str], names: Sequence[str]
     ) -> FilterResult:
         """`filter`'s answer from the pod's verdict table (under `_lock`)."""
         got = table.filter(list(names), nameset, self.candidates)
         passed = got.passed
+        real = state.read(POD).real
         if (
             real is not None
             and len(passed) == 1
             and (s := got.states[passed[0]]) is not None
-            and s.can_host(real[1])
+            and s.can_host(real.shape)
         ):  # as in `filter`: the scheduler skips /prioritize with one feasible node
-            self._reserve(real[0], passed[0], real[1], real[2])
+            self._reserve(state, passed[0])
         removed = got.reasons
         if got.outranked is not None:
             removed["outranked"] += got.outranked
@@ -378,37 +360,42 @@ class Framework:
             policy = self.policy_for(pod, shape)
         except UnknownPodPolicy:  # filter already failed every node with the reason
             return [(n, 0) for n in names]
-        cycle = Cycle(pod, shape, policy, "", 0.0)
-        if not self._scorers(cycle):  # no plug-in has a say on this pod: neutral
+        state = CycleState()
+        state.write(POD, Cycle(pod, shape, policy, "", 0.0))
+        if not self._scorers(state):  # no plug-in has a say on this pod: neutral
             return [(n, 0) for n in names]
         self._require_ready()
         real = self._real_pod(pod, shape)
+        state = self._cycle(pod, shape, policy, real)
         with self._lock:
+            self._pre_filter(state)
             pure = [(f, c) for f in self.profile.filters if getattr(f, "pure", False)
-                    if (c := f.prepare(cycle)) is not None]  # fmt: skip
-            fast = self._table(cycle, real, names, pure)
+                    if (c := f.filter(state)) is not None]  # fmt: skip
+            fast = self._table(state, names, pure)
             if fast is not None:
                 top, scores = fast[0].score(list(names), fast[1])
                 if top is not None and real is not None:
-                    self._reserve(real[0], top, real[1], real[2])
+                    self._reserve(state, top)
                 return list(zip(names, scores, strict=True))
-            uid, pod_shape_ = (real[0], real[1]) if real is not None else (_uid(pod), shape)
-            snap = self.cluster.snapshot(names, uid, pod_shape_)
-            ranked = self._ranked(self._scored(cycle, names, snap.states), real, snap, shape)
+            snap = self.cluster.snapshot(
+                names, state.read(POD).uid, real.shape if real is not None else shape
+            )
+            ranked = self._ranked(state, self._scored(state, names, snap.states), snap)
             top, level = rank(ranked)
             if top is not None and real is not None:
-                self._reserve(real[0], top, real[1], real[2])
+                self._reserve(state, top)
         get = ranked.get
         return [(n, MAX_SCORE if n == top else level.get(get(n), 0)) for n in names]
 
     # -- reserve ------------------------------------------------------------------
 
-    def _reserve(self, uid: str, node: str, shape: PodShape, gang: str = "") -> None:
-        """The reserve plug-ins, for the pod placed on `node` (assume: count it there
-        until the watch shows its binding)."""
-        if uid and self.profile.reserves:
+    def _reserve(self, state: CycleState, node: str) -> None:
+        """Reserve: the reserve plug-ins, for the pod placed on `node` (assume: count it
+        there until the watch shows its binding). Only a real pod with a UID."""
+        real = state.read(POD).real
+        if real is not None and real.uid and self.profile.reserves:
             for p in self.profile.reserves:
-                p.reserve(uid, node, shape, gang)
+                p.reserve(state, node)
             self.metrics.assumed.inc()
 
 

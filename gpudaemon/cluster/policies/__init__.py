@@ -1,15 +1,14 @@
-"""Scoring policies: one module each, registered by name (base.py has the registry).
-
-Every module in this package is imported here, so a new policy file registers itself
-with no other edit. A raw score only has to order nodes (higher is better);
-`scoring.to_levels` maps the order onto the scheduler's 0-10 scale.
+"""Scoring policies: one module each (base.py has the interface; registry.py lists
+every policy by name in one table). A raw score only has to order nodes (higher is
+better); `scoring.to_levels` maps the order onto the scheduler's 0-10 scale.
 """
 
 from __future__ import annotations
 
-from gpudaemon.cluster.policies.base import (
-    Policy,
-    PolicySpec,
+from gpudaemon.cluster.policies.base import Policy, PolicySpec
+from gpudaemon.cluster.policies.binpack import BinPack
+from gpudaemon.cluster.policies.registry import (
+    BUILT_IN,
     UnknownPolicyError,
     build_policies,
     known_policies,
@@ -17,14 +16,10 @@ from gpudaemon.cluster.policies.base import (
     register,
     unregister,
 )
-from gpudaemon.registry import import_modules
-
-import_modules(__name__, __path__)
-
-from gpudaemon.cluster.policies.binpack import BinPack  # noqa: E402
-from gpudaemon.cluster.policies.spread import Spread  # noqa: E402
+from gpudaemon.cluster.policies.spread import Spread
 
 __all__ = [
+    "BUILT_IN",
     "BinPack",
     "Policy",
     "PolicySpec",

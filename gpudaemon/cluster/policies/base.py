@@ -1,21 +1,19 @@
-"""The policy interface and the registry every policy adds itself to.
+"""The policy interface and a policy's description.
 
 As in kube-scheduler's framework registry: a policy is one module under
-`cluster/policies/` that calls `register(PolicySpec(...))` with its name, a factory
+`cluster/policies/` that defines its `SPEC = PolicySpec(...)`: its name, a factory
 from the `extender:` config section, a one-line summary (the docs table reads it) and
-the config keys it reads. Config validation, the `gpudaemon.io/policy` annotation and
-the docs all read the registry, so adding a policy is one new file plus its tests.
+the config keys it reads. `registry.py` lists every spec in one table; config
+validation, the `gpudaemon.io/policy` annotation and the docs all read it.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpudaemon.cluster.state import NodeState, PodShape
-from gpudaemon.errors import ConfigError
 
 
 class Policy(Protocol):
@@ -55,51 +53,6 @@ class PolicySpec:
     factory: Callable[[Any], Policy]
     summary: str
     config_keys: tuple[str, ...] = ()  # the `extender.*` keys it reads, for the docs
-
-
-_REGISTRY: dict[str, PolicySpec] = {}
-_LOCK = threading.Lock()
-
-
-def register(spec: PolicySpec) -> PolicySpec:
-    """Add a policy; a second one under the same name is a bug, refused at import."""
-    with _LOCK:
-        if spec.name in _REGISTRY and _REGISTRY[spec.name] is not spec:
-            raise ValueError(f"policy {spec.name!r} is registered twice")
-        _REGISTRY[spec.name] = spec
-    return spec
-
-
-def unregister(name: str) -> None:
-    """For tests that register a policy of their own."""
-    with _LOCK:
-        _REGISTRY.pop(name, None)
-
-
-def known_policies() -> list[str]:
-    with _LOCK:
-        return sorted(_REGISTRY)
-
-
-def policy_spec(name: str) -> PolicySpec:
-    with _LOCK:
-        spec = _REGISTRY.get(name)
-    if spec is None:
-        raise UnknownPolicyError(name)
-    return spec
-
-
-class UnknownPolicyError(ConfigError):
-    def __init__(self, name: str, where: str = "extender.policy") -> None:
-        self.name = name
-        super().__init__(f"{where}: unknown policy {name!r} (known: {', '.join(known_policies())})")
-
-
-def build_policies(ext: Any) -> dict[str, Policy]:
-    """Every registered policy, built from the config (a pod's annotation may pick any)."""
-    with _LOCK:
-        specs = list(_REGISTRY.values())
-    return {s.name: s.factory(ext) for s in specs}
 
 
 class FreeGpuPolicy:

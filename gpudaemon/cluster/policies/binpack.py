@@ -9,7 +9,7 @@ nodes whole for the next large pod.
 
 from __future__ import annotations
 
-from gpudaemon.cluster.policies.base import FreeGpuPolicy, PolicySpec, register, utilization
+from gpudaemon.cluster.policies.base import FreeGpuPolicy, PolicySpec, utilization
 from gpudaemon.cluster.state import NodeState, PodShape
 
 
@@ -21,11 +21,9 @@ class BinPack(FreeGpuPolicy):
         return -float(free_after) + self.utilization_weight * utilization(node)
 
 
-register(
-    PolicySpec(
-        "binpack",
-        lambda ext: BinPack(ext.utilization_weight),
-        "fewest healthy free GPUs left after placement (MostAllocated for GPUs)",
-        ("utilization_weight",),
-    )
+SPEC = PolicySpec(
+    "binpack",
+    lambda ext: BinPack(ext.utilization_weight),
+    "fewest healthy free GPUs left after placement (MostAllocated for GPUs)",
+    ("utilization_weight",),
 )

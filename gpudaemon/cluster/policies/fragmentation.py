@@ -44,7 +44,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpudaemon.cluster.policies.base import PolicySpec, register
+from gpudaemon.cluster.policies.base import PolicySpec
 from gpudaemon.cluster.state import NodeState, PodShape
 
 NodeKey = tuple[str, int, int, int]  # (gpu model, free GPUs, free CPU milli, free bytes)
@@ -410,11 +410,9 @@ def make_fragmentation(ext: Any, utilization_weight: float = 0.5) -> Fragmentati
     return Fragmentation(Workload(window=window, fixed=fixed), utilization_weight)
 
 
-register(
-    PolicySpec(
-        "fragmentation",
-        lambda ext: make_fragmentation(ext, utilization_weight=ext.utilization_weight),
-        "fewest GPUs stranded for the workload's typical pods (FGD); learns the workload",
-        ("utilization_weight", "workload_window", "typical_pods"),
-    )
+SPEC = PolicySpec(
+    "fragmentation",
+    lambda ext: make_fragmentation(ext, utilization_weight=ext.utilization_weight),
+    "fewest GPUs stranded for the workload's typical pods (FGD); learns the workload",
+    ("utilization_weight", "workload_window", "typical_pods"),
 )

@@ -56,7 +56,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from gpudaemon.cluster.policies.base import PolicySpec, register
+from gpudaemon.cluster.policies.base import PolicySpec
 from gpudaemon.cluster.policies.fragmentation import (
     _SCALE,
     Capacity,
@@ -227,14 +227,12 @@ def make_model_fragmentation(ext: Any, utilization_weight: float = 0.5) -> Model
     return ModelFragmentation(ModelWorkload(window=window, fixed=fixed), utilization_weight)
 
 
-register(
-    PolicySpec(
-        "fragmentation-model",
-        lambda ext: make_model_fragmentation(ext, utilization_weight=ext.utilization_weight),
-        "fragmentation per GPU model: FGD against the typical pods that accept the "
-        "node's model (chosen per model set), and a flexible pod charged for the GPUs "
-        "it takes from pods pinned to that model (their demand over its GPUs, at most "
-        "all of them); learns the workload",
-        ("utilization_weight", "workload_window", "typical_pods"),
-    )
+SPEC = PolicySpec(
+    "fragmentation-model",
+    lambda ext: make_model_fragmentation(ext, utilization_weight=ext.utilization_weight),
+    "fragmentation per GPU model: FGD against the typical pods that accept the "
+    "node's model (chosen per model set), and a flexible pod charged for the GPUs "
+    "it takes from pods pinned to that model (their demand over its GPUs, at most "
+    "all of them); learns the workload",
+    ("utilization_weight", "workload_window", "typical_pods"),
 )

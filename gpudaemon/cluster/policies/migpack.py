@@ -12,7 +12,7 @@ device plugin's choice, not the scheduler's.
 
 from __future__ import annotations
 
-from gpudaemon.cluster.policies.base import FreeGpuPolicy, PolicySpec, register, utilization
+from gpudaemon.cluster.policies.base import FreeGpuPolicy, PolicySpec, utilization
 from gpudaemon.cluster.state import NodeState, PodShape
 
 WHOLE = 1000.0  # more than a node's MIG devices (at most 7 per GPU, and 64 GPUs)
@@ -29,12 +29,10 @@ class MigPack(FreeGpuPolicy):
         )
 
 
-register(
-    PolicySpec(
-        "migpack",
-        lambda ext: MigPack(ext.utilization_weight),
-        "for MIG pods (the default for them): nodes without whole free GPUs first, then "
-        "the fewest free MIG devices left after placement",
-        ("utilization_weight",),
-    )
+SPEC = PolicySpec(
+    "migpack",
+    lambda ext: MigPack(ext.utilization_weight),
+    "for MIG pods (the default for them): nodes without whole free GPUs first, then "
+    "the fewest free MIG devices left after placement",
+    ("utilization_weight",),
 )

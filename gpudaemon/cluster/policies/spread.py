@@ -8,7 +8,7 @@ resources; ties go to the less busy node.
 
 from __future__ import annotations
 
-from gpudaemon.cluster.policies.base import FreeGpuPolicy, PolicySpec, register, utilization
+from gpudaemon.cluster.policies.base import FreeGpuPolicy, PolicySpec, utilization
 from gpudaemon.cluster.state import NodeState, PodShape
 
 
@@ -20,11 +20,9 @@ class Spread(FreeGpuPolicy):
         return float(free_after) - self.utilization_weight * utilization(node)
 
 
-register(
-    PolicySpec(
-        "spread",
-        lambda ext: Spread(ext.utilization_weight),
-        "most healthy free GPUs left after placement (LeastAllocated for GPUs)",
-        ("utilization_weight",),
-    )
+SPEC = PolicySpec(
+    "spread",
+    lambda ext: Spread(ext.utilization_weight),
+    "most healthy free GPUs left after placement (LeastAllocated for GPUs)",
+    ("utilization_weight",),
 )

@@ -1,51 +1,66 @@
-"""The extender's filter, score and reserve plug-ins: one module each, registered by
-name (base.py has the interfaces and the registry).
-
-Every module in this package is imported here, so a new plug-in file registers itself
-with no other edit; `extender.plugins` in the config enables it by name.
-"""
+"""The extender's PreFilter, filter, score, tier and reserve plug-ins: one module each
+(base.py has the interfaces and the cycle state; registry.py lists every plug-in by
+name in one table). `extender.plugins` in the config enables them by name."""
 
 from __future__ import annotations
 
 from gpudaemon.extender.plugins.base import (
     KINDS,
     MAX_NODE_SCORE,
+    POD,
     Cycle,
+    CycleState,
     FilterPlugin,
     Handle,
+    Kind,
+    MissingStateError,
     NodeCheck,
     NodeFilter,
     NodeScore,
     PluginSpec,
-    Profile,
+    PreFilterPlugin,
+    RealPod,
     ReservePlugin,
     ScorePlugin,
+    StateKey,
+    TierPlugin,
+    per_node,
+)
+from gpudaemon.extender.plugins.registry import (
+    BUILT_IN,
+    Profile,
     UnknownPluginError,
     build_profile,
     check_plugins,
     known_plugins,
-    per_node,
     plugin_spec,
     register,
+    registered,
     unregister,
 )
-from gpudaemon.registry import import_modules
-
-import_modules(__name__, __path__)
 
 __all__ = [
+    "BUILT_IN",
     "KINDS",
     "MAX_NODE_SCORE",
+    "POD",
     "Cycle",
+    "CycleState",
     "FilterPlugin",
     "Handle",
+    "Kind",
+    "MissingStateError",
     "NodeCheck",
     "NodeFilter",
     "NodeScore",
     "PluginSpec",
+    "PreFilterPlugin",
     "Profile",
+    "RealPod",
     "ReservePlugin",
     "ScorePlugin",
+    "StateKey",
+    "TierPlugin",
     "UnknownPluginError",
     "build_profile",
     "check_plugins",
@@ -53,5 +68,6 @@ __all__ = [
     "per_node",
     "plugin_spec",
     "register",
+    "registered",
     "unregister",
 ]

@@ -5,8 +5,7 @@ includes it."""
 from __future__ import annotations
 
 from gpudaemon.cluster.clusterstate import ClusterState
-from gpudaemon.cluster.state import PodShape
-from gpudaemon.extender.plugins.base import Handle, PluginSpec, register
+from gpudaemon.extender.plugins.base import POD, CycleState, Handle, PluginSpec
 
 
 class Assume:
@@ -15,12 +14,14 @@ class Assume:
     def __init__(self, cluster: ClusterState) -> None:
         self.cluster = cluster
 
-    def reserve(self, uid: str, node: str, shape: PodShape, gang: str) -> None:
-        self.cluster.assume(uid, node, shape, gang)
+    def reserve(self, state: CycleState, node: str) -> None:
+        real = state.read(POD).real
+        if real is not None:
+            self.cluster.assume(real.uid, node, real.shape, real.gang)
 
 
-def _new(handle: Handle) -> Assume:
+def _new(handle: Handle, args: object) -> Assume:
     return Assume(handle.cluster)
 
 
-register(PluginSpec("assume", "reserve", _new, "count the pod on its node until bound"))
+SPEC = PluginSpec("assume", "reserve", _new, "count the pod on its node until bound")

@@ -1,69 +1,132 @@
-"""The plug-in interfaces and the one table every plug-in adds itself to.
+"""The plug-in interfaces, the cycle state they share and a plug-in's description.
 
-As kube-scheduler's framework (`pkg/scheduler/framework/plugins/registry.go`): a
-plug-in is one module under `extender/plugins/` that calls `register(PluginSpec(...))`
-with its name, its kind (filter, score or reserve), a factory and a one-line summary.
-The `extender.plugins` config section enables plug-ins by name, in order, with a
-weight for each score plug-in; an unknown name is a ConfigError at start (exit 2).
+As kube-scheduler's framework: a plug-in is one module under `extender/plugins/`
+with a class that implements one or more extension points, and a `PluginSpec` naming
+it, its kind, its arguments and a one-line summary. `registry.py` lists every spec in
+one table; the `extender.plugins` config section enables plug-ins by name, in order.
 
-- **filter**: `prepare(cycle)` returns this pod's `NodeFilter` (None: nothing to
+- **PreFilter**: `pre_filter(state)`, once per request, before anything else, for every
+  enabled plug-in that has it: what the later steps need of the pod, computed once and
+  written into the `CycleState` under the plug-in's own `StateKey`.
+- **filter**: `filter(state)` returns this pod's `NodeFilter` (None: nothing to
   check, e.g. no reservation in force). The framework runs them in order, each on the
   nodes the ones before it passed, so a node's reason is the first `Rejection`. A
   filter is given the whole list, not one node, so a check can run as one tight loop
   over 5,000 nodes; `per_node` makes one from a plain per-node check.
-- **score**: `scorer(cycle)` returns what scores this pod's nodes (a `Scorer`: a
+- **score**: `scorer(state)` returns what scores this pod's nodes (a `Scorer`: a
   policy, or the plug-in itself), or None to stay out for this pod. The framework
   memoizes raw scores (scoring.ScoreMemo), normalises each plug-in's to 0..MAX_NODE_SCORE
   and sums them with the weights.
-- **reserve**: `reserve(uid, node, shape, gang)` when the framework places a pod.
+- **tier** (a score plug-in compared in order, not summed): `order(state, scores,
+  snapshot)` puts its preference in front of the scores it is given (the weighted sum,
+  or the tiers after it), so no weight can outvote it; `has_say(state, degraded)` says
+  whether it may reorder this pod's nodes at all (when none may, the verdict tables
+  answer).
+- **reserve**: `reserve(state, node)` when the framework places the pod on `node`.
 
-Every registered policy (cluster/policies/) is also a score plug-in under its own
-name, scoring every pod by that policy; `policy` scores each pod by its own policy
-(its gpudaemon.io/policy annotation, else migpack for MIG-only pods, else
-`extender.policy`).
+Each plug-in gets its own arguments (`PluginSpec.args`, a pydantic model): the
+plug-in's section under `extender.plugins.args`, over defaults the framework's
+handle gives from the older top-level keys (`avoid_unhealthy_nodes`, ...).
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict
 
 from gpudaemon.cluster.checks import Rejection
-from gpudaemon.cluster.clusterstate import ClusterState
-from gpudaemon.cluster.policies.base import Policy, known_policies
+from gpudaemon.cluster.clusterstate import ClusterState, Snapshot
+from gpudaemon.cluster.policies.base import Policy
 from gpudaemon.cluster.reservations import LeaseReservations
 from gpudaemon.cluster.scoring import Scorer
 from gpudaemon.cluster.state import NodeState, PodShape
-from gpudaemon.config import PluginsConfig
-from gpudaemon.errors import ConfigError
 from gpudaemon.extender.pods import PendingPods
 
-Kind = Literal["filter", "score", "reserve"]
-KINDS: tuple[Kind, ...] = ("filter", "score", "reserve")
+Kind = Literal["filter", "score", "tier", "reserve"]
+KINDS: tuple[Kind, ...] = ("filter", "score", "tier", "reserve")
 # Each score plug-in's scores are mapped onto 0..this before the weighted sum
 # (kube-scheduler's MaxNodeScore); the sum is then ranked onto the extender's 0..10.
 MAX_NODE_SCORE = 100.0
 
+T = TypeVar("T")
+
+
+class StateKey(Generic[T]):
+    """A typed key into the `CycleState`: `state.read(KEY)` is a `T`. Compared by
+    identity, so two plug-ins never share a key by choosing the same name."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"StateKey({self.name!r})"
+
+
+class MissingStateError(LookupError):
+    """A plug-in read a key no PreFilter wrote (a bug: a plug-in that needs another's
+    state without it enabled)."""
+
+
+class CycleState:
+    """One request's state (kube-scheduler's CycleState): written by PreFilter, read by
+    the later steps of the same request. Not shared between requests."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self) -> None:
+        self._data: dict[StateKey[Any], Any] = {}
+
+    def write(self, key: StateKey[T], value: T) -> None:
+        self._data[key] = value
+
+    def read(self, key: StateKey[T]) -> T:
+        try:
+            return self._data[key]  # type: ignore[no-any-return]
+        except KeyError:
+            raise MissingStateError(f"cycle state has no {key.name!r}") from None
+
+    def get(self, key: StateKey[T]) -> T | None:
+        return self._data.get(key)
+
+
+class RealPod(NamedTuple):
+    """The real pod behind a request's body (verified, or trusted in tests and
+    benchmarks): only such a pod is reserved."""
+
+    uid: str
+    shape: PodShape  # its requests, claims included
+    gang: str  # "" when it belongs to none
+
 
 @dataclass(frozen=True, slots=True)
 class Cycle:
-    """What one request knows of its pod (kube-scheduler's CycleState)."""
+    """What one request knows of its pod, written by the framework under `POD` before
+    the PreFilter plug-ins run."""
 
     pod: Mapping[str, Any]  # the request body's pod
-    shape: PodShape  # its requests (the verified pod's when there is one)
+    shape: PodShape  # its requests, as the body gives them
     policy: Policy  # its policy (annotation, MIG, default)
     uid: str  # "" when the pod cannot be placed (unverified, or no UID)
     now: float  # wall clock, for reservations
+    real: RealPod | None = None  # None: nothing is reserved or learned for it
+
+
+POD: StateKey[Cycle] = StateKey("pod")
 
 
 class Handle(Protocol):
-    """What a plug-in's factory may use: the framework's shared state."""
+    """What a plug-in's factory may use: the framework's shared state, and the older
+    top-level keys that give plug-ins their default arguments."""
 
     cluster: ClusterState
     policies: dict[str, Policy]
     avoid_unhealthy: bool
+    prefer_healthy_gpus: bool
     pending: PendingPods | None
     reservations: LeaseReservations | None
 
@@ -99,25 +162,43 @@ def per_node(check: NodeCheck) -> NodeFilter:
     return run
 
 
+class PreFilterPlugin(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def pre_filter(self, state: CycleState) -> None: ...
+
+
 class FilterPlugin(Protocol):
     @property
     def name(self) -> str: ...
 
-    def prepare(self, cycle: Cycle) -> NodeFilter | None: ...
+    def filter(self, state: CycleState) -> NodeFilter | None: ...
 
 
 class ScorePlugin(Protocol):
     @property
     def name(self) -> str: ...
 
-    def scorer(self, cycle: Cycle) -> Scorer | None: ...
+    def scorer(self, state: CycleState) -> Scorer | None: ...
+
+
+class TierPlugin(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def has_say(self, state: CycleState, degraded: bool) -> bool: ...
+
+    def order(
+        self, state: CycleState, scores: Mapping[str, Any], snap: Snapshot
+    ) -> Mapping[str, Any]: ...
 
 
 class ReservePlugin(Protocol):
     @property
     def name(self) -> str: ...
 
-    def reserve(self, uid: str, node: str, shape: PodShape, gang: str) -> None: ...
+    def reserve(self, state: CycleState, node: str) -> None: ...
 
 
 class NodeScore:
@@ -127,8 +208,9 @@ class NodeScore:
     name = ""
     scores_gpuless_pods = False  # a pod asking for no GPU: stay out of its ranking
 
-    def scorer(self, cycle: Cycle) -> Scorer | None:
-        return self if cycle.shape.wants_gpus or self.scores_gpuless_pods else None
+    def scorer(self, state: CycleState) -> Scorer | None:
+        wants = state.read(POD).shape.wants_gpus
+        return self if wants or self.scores_gpuless_pods else None
 
     def raw_score(self, node: NodeState, pod: PodShape) -> float:
         raise NotImplementedError
@@ -137,100 +219,47 @@ class NodeScore:
         return 0
 
 
+class NoArgs(BaseModel):
+    """A plug-in that takes no arguments: any given is an error."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def no_defaults(handle: Handle) -> dict[str, Any]:
+    return {}
+
+
 @dataclass(frozen=True)
 class PluginSpec:
     name: str
     kind: Kind
-    factory: Callable[[Handle], Any]  # builds the plug-in for one framework
+    factory: Callable[[Handle, Any], Any]  # (the framework's handle, its args) -> plug-in
     summary: str  # one line, for the docs table
+    args: type[BaseModel] = NoArgs  # its `extender.plugins.args.<name>` section
+    # The arguments' defaults from the older top-level keys, read off the handle.
+    defaults: Callable[[Handle], dict[str, Any]] = no_defaults
 
 
-_REGISTRY: dict[tuple[Kind, str], PluginSpec] = {}
-_LOCK = threading.Lock()
-
-
-def register(spec: PluginSpec) -> PluginSpec:
-    """Add a plug-in; a second one under the same kind and name is a bug, refused."""
-    with _LOCK:
-        key = (spec.kind, spec.name)
-        if key in _REGISTRY and _REGISTRY[key] is not spec:
-            raise ValueError(f"{spec.kind} plug-in {spec.name!r} is registered twice")
-        _REGISTRY[key] = spec
-    return spec
-
-
-def unregister(kind: Kind, name: str) -> None:
-    """For tests that register a plug-in of their own."""
-    with _LOCK:
-        _REGISTRY.pop((kind, name), None)
-
-
-def known_plugins(kind: Kind) -> list[str]:
-    with _LOCK:
-        names = {n for k, n in _REGISTRY if k == kind}
-    if kind == "score":
-        names |= set(known_policies())
-    return sorted(names)
-
-
-class UnknownPluginError(ConfigError):
-    def __init__(self, kind: Kind, name: str) -> None:
-        super().__init__(
-            f"extender.plugins.{kind}: unknown {kind} plug-in {name!r}"
-            f" (known: {', '.join(known_plugins(kind))})"
-        )
-
-
-def plugin_spec(kind: Kind, name: str) -> PluginSpec:
-    with _LOCK:
-        spec = _REGISTRY.get((kind, name))
-    if spec is not None:
-        return spec
-    if kind == "score" and name in known_policies():
-        return PluginSpec(name, "score", lambda h: FixedPolicy(h.policies[name]), "a policy")
-    raise UnknownPluginError(kind, name)
-
-
-class FixedPolicy:
-    """A policy as a score plug-in under its own name: it scores every pod, whatever
-    the pod's annotation says."""
-
-    def __init__(self, policy: Policy) -> None:
-        self.policy = policy
-        self.name = policy.name
-
-    def scorer(self, cycle: Cycle) -> Scorer | None:
-        p = self.policy
-        return p if cycle.shape.wants_gpus or p.scores_gpuless_pods else None
-
-
-@dataclass(frozen=True)
-class Profile:
-    """The enabled plug-ins, in their configured order."""
-
-    filters: tuple[FilterPlugin, ...]
-    scores: tuple[tuple[ScorePlugin, int], ...]  # (plug-in, weight)
-    reserves: tuple[ReservePlugin, ...]
-
-
-def check_plugins(cfg: PluginsConfig) -> None:
-    """Every name in `extender.plugins` is registered: a ConfigError naming the known
-    ones otherwise (the extender checks at start, before any API call)."""
-    for name in cfg.filter:
-        plugin_spec("filter", name)
-    for s in cfg.score:
-        plugin_spec("score", s.name)
-    for name in cfg.reserve:
-        plugin_spec("reserve", name)
-
-
-def build_profile(cfg: PluginsConfig, handle: Handle) -> Profile:
-    def build(kind: Kind, names: Sequence[str]) -> tuple[Any, ...]:
-        return tuple(plugin_spec(kind, n).factory(handle) for n in names)
-
-    scores = build("score", [s.name for s in cfg.score])
-    return Profile(
-        build("filter", cfg.filter),
-        tuple(zip(scores, (s.weight for s in cfg.score), strict=True)),
-        build("reserve", cfg.reserve),
-    )
+__all__ = [
+    "KINDS",
+    "MAX_NODE_SCORE",
+    "POD",
+    "Cycle",
+    "CycleState",
+    "FilterPlugin",
+    "Handle",
+    "Kind",
+    "MissingStateError",
+    "NoArgs",
+    "NodeCheck",
+    "NodeFilter",
+    "NodeScore",
+    "PluginSpec",
+    "PreFilterPlugin",
+    "RealPod",
+    "ReservePlugin",
+    "ScorePlugin",
+    "StateKey",
+    "TierPlugin",
+    "per_node",
+]

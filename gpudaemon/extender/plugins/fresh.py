@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from gpudaemon.cluster.checks import Rejection, agent_data
 from gpudaemon.cluster.state import NodeState
-from gpudaemon.extender.plugins.base import Cycle, Handle, NodeFilter, PluginSpec, register
+from gpudaemon.extender.plugins.base import CycleState, Handle, NodeFilter, PluginSpec
 
 
 def fresh_nodes(
@@ -35,12 +35,12 @@ class Fresh:
     # the framework may keep its verdicts between requests (extender/verdicts.py).
     pure = True
 
-    def prepare(self, cycle: Cycle) -> NodeFilter | None:
+    def filter(self, state: CycleState) -> NodeFilter | None:
         return fresh_nodes
 
 
-def _new(handle: Handle) -> Fresh:
+def _new(handle: Handle, args: object) -> Fresh:
     return Fresh()
 
 
-register(PluginSpec("fresh", "filter", _new, "agent data readable, present and fresh"))
+SPEC = PluginSpec("fresh", "filter", _new, "agent data readable, present and fresh")

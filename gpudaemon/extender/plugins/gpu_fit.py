@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from gpudaemon.cluster.checks import Rejection, gpu_fit
 from gpudaemon.cluster.state import NodeState
-from gpudaemon.extender.plugins.base import Cycle, Handle, NodeFilter, PluginSpec, register
+from gpudaemon.extender.plugins.base import POD, CycleState, Handle, NodeFilter, PluginSpec
 
 
 class GpuFit:
@@ -16,8 +16,8 @@ class GpuFit:
     # the framework may keep its verdicts between requests (extender/verdicts.py).
     pure = True
 
-    def prepare(self, cycle: Cycle) -> NodeFilter | None:
-        shape = cycle.shape
+    def filter(self, state: CycleState) -> NodeFilter | None:
+        shape = state.read(POD).shape
         gpus, mig = shape.gpus, shape.mig
 
         def fitting(
@@ -41,8 +41,8 @@ class GpuFit:
         return fitting
 
 
-def _new(handle: Handle) -> GpuFit:
+def _new(handle: Handle, args: object) -> GpuFit:
     return GpuFit()
 
 
-register(PluginSpec("gpu_fit", "filter", _new, "free whole GPUs and MIG devices for the pod"))
+SPEC = PluginSpec("gpu_fit", "filter", _new, "free whole GPUs and MIG devices for the pod")

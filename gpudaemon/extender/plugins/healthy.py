@@ -1,13 +1,17 @@
 """Filter `healthy`: no lost or XID/ECC-failed GPU on the node (the node will likely be
-drained and rebooted). Off when `extender.avoid_unhealthy_nodes` is false."""
+drained and rebooted). Its argument `enabled` defaults to
+`extender.avoid_unhealthy_nodes`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pydantic import BaseModel, ConfigDict
+
 from gpudaemon.cluster.checks import Rejection, healthy
 from gpudaemon.cluster.state import NodeState
-from gpudaemon.extender.plugins.base import Cycle, Handle, NodeFilter, PluginSpec, register
+from gpudaemon.config.values import Switch
+from gpudaemon.extender.plugins.base import CycleState, Handle, NodeFilter, PluginSpec
 
 
 def healthy_nodes(
@@ -28,6 +32,13 @@ def healthy_nodes(
     return out
 
 
+class HealthyArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # false: a node with a failed GPU is not turned away (it may still be ranked).
+    enabled: Switch = True
+
+
 class Healthy:
     name = "healthy"
     # Its filter judges a node by its state and freshness alone (and the pod's shape):
@@ -37,12 +48,19 @@ class Healthy:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
 
-    def prepare(self, cycle: Cycle) -> NodeFilter | None:
+    def filter(self, state: CycleState) -> NodeFilter | None:
         return healthy_nodes if self.enabled else None
 
 
-def _new(handle: Handle) -> Healthy:
-    return Healthy(handle.avoid_unhealthy)
+def _new(handle: Handle, args: HealthyArgs) -> Healthy:
+    return Healthy(args.enabled)
 
 
-register(PluginSpec("healthy", "filter", _new, "no unhealthy GPU on the node"))
+SPEC = PluginSpec(
+    "healthy",
+    "filter",
+    _new,
+    "no unhealthy GPU on the node",
+    HealthyArgs,
+    lambda handle: {"enabled": handle.avoid_unhealthy},
+)

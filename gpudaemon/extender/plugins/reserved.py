@@ -5,20 +5,30 @@ for pods seen unbound."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from gpudaemon.cluster.checks import Rejection
 from gpudaemon.cluster.reservations import LeaseReservations, Reservation, held_on
 from gpudaemon.cluster.state import NodeState, PodShape
 from gpudaemon.extender.plugins.base import (
-    Cycle,
+    POD,
+    CycleState,
     Handle,
     NodeFilter,
     PluginSpec,
+    StateKey,
     per_node,
-    register,
 )
 from gpudaemon.extender.pods import PendingPods, priority_of
+
+
+class Kept(NamedTuple):
+    rooms: Mapping[str, Sequence[Reservation]]  # node -> the Lease's reservations there
+    priority: int  # the pod's
+
+
+KEPT: StateKey[Kept] = StateKey("reserved")
 
 
 class Reserved:
@@ -28,16 +38,27 @@ class Reserved:
         self.pending = pending
         self.reservations = reservations
 
-    def prepare(self, cycle: Cycle) -> NodeFilter | None:
-        pending, now = self.pending, cycle.now
+    def pre_filter(self, state: CycleState) -> None:
+        """The rooms in force now, and the pod's priority: read once per request."""
+        pending = self.pending
         if self.reservations is None or pending is None:
-            return None
-        kept = self.reservations.in_force(now)  # node -> the room kept there
+            return
+        cycle = state.read(POD)
+        kept = self.reservations.in_force(cycle.now)  # node -> the room kept there
         if not kept:  # the usual case: no check per node at all
-            return None
-        uid, shape = cycle.uid, cycle.shape
+            return
+        uid = cycle.uid
         known = pending.get(uid) if uid else None
         priority = known.priority if known is not None else priority_of(cycle.pod)
+        state.write(KEPT, Kept(kept, priority))
+
+    def filter(self, state: CycleState) -> NodeFilter | None:
+        here_kept = state.get(KEPT)
+        if here_kept is None or self.pending is None:
+            return None
+        pending, kept, priority = self.pending, here_kept.rooms, here_kept.priority
+        cycle = state.read(POD)
+        uid, shape, now = cycle.uid, cycle.shape, cycle.now
 
         def check(node: NodeState | None, fresh: bool) -> Rejection | None:
             here = kept.get(node.name) if node is not None else None
@@ -67,8 +88,8 @@ def kept_for_another(
     )
 
 
-def _new(handle: Handle) -> Reserved:
+def _new(handle: Handle, args: object) -> Reserved:
     return Reserved(handle.pending, handle.reservations)
 
 
-register(PluginSpec("reserved", "filter", _new, "room the rebalancer keeps for a pending pod"))
+SPEC = PluginSpec("reserved", "filter", _new, "room the rebalancer keeps for a pending pod")

@@ -1,12 +1,12 @@
 """A score plug-in in a file of its own, written as one would add it under
-gpudaemon/extender/plugins/ (there, the package imports every file, so the `register`
-call below is all the wiring): least busy GPUs first."""
+gpudaemon/extender/plugins/ (there, one line in registry.py's table lists its `SPEC`;
+here the test registers it): least busy GPUs first."""
 
 from __future__ import annotations
 
 from gpudaemon.cluster.policies.base import utilization
 from gpudaemon.cluster.state import NodeState, PodShape
-from gpudaemon.extender.plugins import NodeScore, PluginSpec, register
+from gpudaemon.extender.plugins import NodeScore, PluginSpec
 
 
 class LeastBusy(NodeScore):
@@ -16,4 +16,4 @@ class LeastBusy(NodeScore):
         return -utilization(node)
 
 
-SPEC = register(PluginSpec("least_busy", "score", lambda handle: LeastBusy(), "idlest GPUs first"))
+SPEC = PluginSpec("least_busy", "score", lambda handle, args: LeastBusy(), "idlest GPUs first")

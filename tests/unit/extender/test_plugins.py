@@ -6,8 +6,11 @@ does; an unknown name is one line at start (exit 2)."""
 
 from __future__ import annotations
 
+import ast
+import importlib
 import itertools
 import json
+import pkgutil
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,12 +27,18 @@ from gpudaemon.errors import ConfigError
 from gpudaemon.extender.api import ExtenderApi
 from gpudaemon.extender.app import Extender, make_policies
 from gpudaemon.extender.plugins import (
+    BUILT_IN,
+    POD,
     Cycle,
+    CycleState,
+    MissingStateError,
     PluginSpec,
+    StateKey,
     UnknownPluginError,
     build_profile,
     known_plugins,
     register,
+    registered,
     unregister,
 )
 from tests.clock import FakeClock
@@ -40,15 +49,10 @@ from tests.unit.extender.test_cluster import lease_obj, node_obj, pod_obj
 from tests.unit.extender.test_gang import gang_pod
 from tests.unit.extender.test_registry import NoApi
 
-# Importing the example registered it (as a plug-in module does); undo that at once, so
-# collecting this file changes no other test's registry (the reference docs list every
-# registered plug-in). The fixture registers it per test.
-unregister("score", "least_busy")
-
 
 @pytest.fixture
 def least_busy() -> Iterator[PluginSpec]:
-    spec = register(plugins_example.SPEC)  # what importing the file did; again per test
+    spec = register(plugins_example.SPEC)  # an explicit call: importing registers nothing
     yield spec
     unregister("score", "least_busy")
 
@@ -221,7 +225,12 @@ PODS = [PodShape(1), PodShape(4), PodShape(0, mig=(("1g.10gb", 2),)), PodShape(1
 @pytest.mark.parametrize("avoid_unhealthy", [True, False])
 def test_the_default_filters_judge_every_node_as_check_node_does(avoid_unhealthy: bool) -> None:
     handle = SimpleNamespace(
-        cluster=None, policies={}, avoid_unhealthy=avoid_unhealthy, pending=None, reservations=None
+        cluster=None,
+        policies={},
+        avoid_unhealthy=avoid_unhealthy,
+        prefer_healthy_gpus=True,
+        pending=None,
+        reservations=None,
     )
     profile = build_profile(PluginsConfig(), handle)  # type: ignore[arg-type]
     cases = [(st, fr) for st in _states() for fr in (True, False)]
@@ -229,11 +238,12 @@ def test_the_default_filters_judge_every_node_as_check_node_does(avoid_unhealthy
     states = {n: st for n, (st, _) in zip(names, cases, strict=True)}
     fresh = {n: fr for n, (_, fr) in zip(names, cases, strict=True)}
     for shape in PODS:
-        cycle = Cycle({}, shape, None, "", 0.0)  # type: ignore[arg-type]
+        state = CycleState()
+        state.write(POD, Cycle({}, shape, None, "", 0.0))  # type: ignore[arg-type]
         rejected: dict[str, Any] = {}
         passed = names
         for f in profile.filters:
-            run = f.prepare(cycle)
+            run = f.filter(state)
             if run is not None:
                 passed = run(passed, states, fresh, rejected)
         for n in names:
@@ -280,3 +290,101 @@ def test_a_bare_score_name_has_weight_one() -> None:
         ("policy", 1),
         ("binpack", 2),
     ]
+
+
+# -- the registry, the cycle state, each plug-in's arguments, the tiers -------------------
+
+
+def test_importing_the_plugin_modules_changes_no_registry() -> None:
+    """The table in registry.py is the one list: a plug-in module defines its SPEC and
+    makes no call at import (no `register(...)`), and every module's SPEC is in the
+    table."""
+    import gpudaemon.extender.plugins as package
+
+    before = registered()
+    specs = []
+    for mod in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{mod.name}")
+        tree = ast.parse(Path(module.__file__ or "").read_text())
+        calls = [n for n in tree.body if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)]
+        assert not calls, f"{mod.name}: a call at import"
+        if hasattr(module, "SPEC"):
+            specs.append(module.SPEC)
+    assert registered() == before
+    assert {(s.kind, s.name) for s in specs} == {(s.kind, s.name) for s in BUILT_IN}
+    assert set(before) == {(s.kind, s.name) for s in BUILT_IN}
+
+
+def test_the_cycle_state_is_read_by_typed_key() -> None:
+    state = CycleState()
+    key: StateKey[int] = StateKey("answer")
+    assert state.get(key) is None
+    with pytest.raises(MissingStateError, match="answer"):
+        state.read(key)
+    state.write(key, 42)
+    assert state.read(key) == 42
+    assert state.get(StateKey("answer")) is None  # keys are compared by identity
+
+
+def _sick_cluster() -> ClusterState:
+    wall = FakeClock()
+    c = ClusterState("gpudaemon.io/", wall=wall)
+    c.replace_nodes([node_obj("sick", healthy=7, uid="sick")])
+    c.replace_leases([lease_obj("sick", wall(), 300, owner_uid="sick")])
+    return c
+
+
+def _passes_sick(cfg: Config) -> bool:
+    make_policies(cfg)  # the start-up check
+    ext = cfg.extender
+    api = ExtenderApi(
+        _sick_cluster(),
+        make_policies(cfg),
+        "binpack",
+        CollectorRegistry(),
+        lambda: (True, "ok"),
+        avoid_unhealthy=ext.avoid_unhealthy_nodes,
+        plugins=ext.plugins,
+    )
+    body = json.dumps({"Pod": pod("", 1), "NodeNames": ["sick"]}).encode()
+    return call(api, "/filter", body)[1]["NodeNames"] == ["sick"]  # type: ignore[no-any-return]
+
+
+def test_each_plugin_gets_its_own_arguments_over_the_older_keys() -> None:
+    def cfg(**ext: Any) -> Config:
+        return load_config(None, environ={}, overrides={"extender": ext})
+
+    assert not _passes_sick(cfg())
+    assert _passes_sick(cfg(avoid_unhealthy_nodes=False))  # the older key: the default
+    assert _passes_sick(cfg(plugins={"args": {"healthy": {"enabled": False}}}))
+    assert not _passes_sick(
+        cfg(avoid_unhealthy_nodes=False, plugins={"args": {"healthy": {"enabled": True}}})
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        ({"healthy": {"enable": False}}, r"extender.plugins.args.healthy.enable: Extra inputs"),
+        ({"healthy": {"enabled": 1}}, r"extender.plugins.args.healthy.enabled"),
+        ({"fresh": {"x": 1}}, r"extender.plugins.args.fresh.x: Extra inputs"),
+        ({"healthiest": {}}, r"extender.plugins.args: unknown plug-in 'healthiest'"),
+    ],
+)
+def test_bad_plugin_arguments_are_one_line_at_start(args: dict[str, Any], error: str) -> None:
+    cfg = load_config(None, environ={}, overrides={"extender": {"plugins": {"args": args}}})
+    with pytest.raises(ConfigError, match=error):
+        make_policies(cfg)
+
+
+def test_tiers_are_an_ordered_comparison_in_the_configured_order(
+    least_busy: PluginSpec,
+) -> None:
+    """Without the `gang` tier a gang pod goes by the weighted sum alone; with it, to
+    the node its gang holds (test_a_gang_tier_comes_before_any_weighted_sum)."""
+    score = [{"name": "policy", "weight": 1}, {"name": "least_busy", "weight": 100}]
+    api = api_for(config(*score, tiers=["healthy_gpus"]), cluster(gang_on="c"))
+    got = scores(api, gang_pod("g2", 1))
+    assert max(got.items(), key=lambda kv: kv[1])[0] == "b"
+    with pytest.raises(UnknownPluginError, match=r"extender.plugins.tiers: unknown tier"):
+        make_policies(config(tiers=["policy"]))

@@ -5,7 +5,10 @@ fails every node with that reason."""
 
 from __future__ import annotations
 
+import ast
+import importlib
 import json
+import pkgutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from gpudaemon.cluster.clusterstate import ClusterState
 from gpudaemon.cluster.policies import (
+    BUILT_IN,
     PolicySpec,
     UnknownPolicyError,
     known_policies,
@@ -63,6 +67,24 @@ class NoApi:
 
 def test_the_built_in_policies_are_registered() -> None:
     assert {"binpack", "spread", "fragmentation"} <= set(known_policies())
+
+
+def test_importing_the_policy_modules_registers_nothing() -> None:
+    """registry.py's table is the one list: a policy module defines its SPEC and makes
+    no call at import, and every module's SPEC is in the table."""
+    import gpudaemon.cluster.policies as package
+
+    before = known_policies()
+    specs = []
+    for mod in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{mod.name}")
+        tree = ast.parse(Path(module.__file__ or "").read_text())
+        calls = [n for n in tree.body if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)]
+        assert not calls, f"{mod.name}: a call at import"
+        if hasattr(module, "SPEC"):
+            specs.append(module.SPEC)
+    assert known_policies() == before == sorted(s.name for s in BUILT_IN)
+    assert {s.name for s in specs} == set(before)
 
 
 def test_a_policy_from_one_file_is_accepted_by_config(idlest: PolicySpec) -> None:
