@@ -14,16 +14,18 @@ After `--warmup` minutes (each node's one settling write of the annotation comes
 10th reconcile, 5 minutes in), while the fleet runs for `--minutes`, side by side:
   - the agents' API traffic, counted by kube-apiserver itself (apiserver_request_total):
     Node and Lease writes per node-hour, Node reads per node-minute;
-  - the extender (`gpudaemon extender`, policy binpack) watching Nodes, Leases and pods:
-    its RSS and CPU, and its /filter and /prioritize latency (p50/p99) for a real
-    pending pod over every node, asked twice a second;
+  - the extender (`gpudaemon extender`, the default policy unless `--policy`) watching
+    Nodes, Leases and pods: its RSS and CPU, and its /filter and /prioritize latency
+    (p50/p99) for a real pending pod over every node, asked twice a second;
   - the rebalancer (`gpudaemon rebalance`, dry run, a pass every 30 s) on the same
     watches: its RSS, CPU and mean pass time (its own pass-duration histogram);
   - then scheduler throughput: `--pods` one-GPU pods through kube-scheduler without the
     extender, and as many through the one calling the extender (deploy/scheduler), timed
-    first to last binding from a watch, both schedulers running all along.
+    first to last binding from a watch, both schedulers running all along; `--pairs`
+    such pairs, the order alternating, each pair's ratio shown and the median taken.
 
   scripts/bench fleet [--sizes 1000,5000] [--minutes 4] [--warmup 5.5] [--pods 200]
+                      [--pairs 3] [--policy NAME]
 """
 
 from __future__ import annotations
@@ -184,6 +186,8 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=4.0)
     ap.add_argument("--pods", type=int, default=200)
     ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--pairs", type=int, default=3, help="throughput pairs, order alternating")
+    ap.add_argument("--policy", default="", help="extender.policy (default: the product's)")
     ap.add_argument(
         "--warmup",
         type=float,
@@ -214,7 +218,8 @@ def main() -> int:
             yaml.safe_dump(
                 {
                     "kubernetes": {"kubeconfig": str(cp.admin_kubeconfig)},
-                    "extender": {"listen": f"127.0.0.1:{ext_port}", "policy": "binpack"},
+                    "extender": {"listen": f"127.0.0.1:{ext_port}"}
+                    | ({"policy": args.policy} if args.policy else {}),
                     "logging": {"level": "WARNING"},
                 }
             )
@@ -234,7 +239,7 @@ def main() -> int:
             yaml.safe_dump(
                 {
                     "kubernetes": {"kubeconfig": str(cp.admin_kubeconfig)},
-                    "extender": {"policy": "binpack"},
+                    "extender": {"policy": args.policy} if args.policy else {},
                     "rebalance": {"listen": f"127.0.0.1:{rb_port}", "interval_s": 30},
                     "logging": {"level": "WARNING"},
                 }
@@ -358,8 +363,8 @@ def main() -> int:
             node_h = size * window / 3600
 
             # Scheduler throughput, both schedulers running all along.
-            def throughput(sched: str, size: int = size) -> float:
-                tag = f"{sched}-{size}"
+            def throughput(sched: str, run: int, size: int = size) -> float:
+                tag = f"{sched}-{size}-{run}"
                 pods = [f"{tag}-{i:04d}" for i in range(args.pods)]
                 _, rv = admin.list_items("/api/v1/namespaces/default/pods", {"limit": "1"})
                 bound: dict[str, float] = {}
@@ -389,8 +394,12 @@ def main() -> int:
                 ts = sorted(bound.values())
                 return (len(ts) - 1) / (ts[-1] - ts[0]) if ts[-1] > ts[0] else float("inf")
 
-            plain = throughput("plain-scheduler")
-            with_ext = throughput("gpudaemon-scheduler")
+            pairs: list[tuple[float, float]] = []
+            for run in range(args.pairs):  # alternating, so neither always goes first
+                order = ("plain-scheduler", "gpudaemon-scheduler")
+                got = {s: throughput(s, run) for s in (order if run % 2 == 0 else order[::-1])}
+                pairs.append((got["plain-scheduler"], got["gpudaemon-scheduler"]))
+            ratios = sorted(w / p for p, w in pairs)
             f, p = lat.times["filter"], lat.times["prioritize"]
             rows.append(
                 (
@@ -403,9 +412,10 @@ def main() -> int:
                     f"{pct(f, 0.5) * 1e3:.1f} / {pct(f, 0.99) * 1e3:.1f}",
                     f"{pct(p, 0.5) * 1e3:.1f} / {pct(p, 0.99) * 1e3:.1f}",
                     f"{lat.passed}",
-                    f"{plain:.0f}",
-                    f"{with_ext:.0f}",
-                    f"{with_ext / plain:.2f}",
+                    " ".join(f"{p:.0f}" for p, _ in pairs),
+                    " ".join(f"{w:.0f}" for _, w in pairs),
+                    " ".join(f"{w / p:.2f}" for p, w in pairs),
+                    f"{ratios[len(ratios) // 2]:.2f}",
                     f"{setup_s:.0f}",
                     f"{fleet.errors}",
                     f"{rb_rss_max:.0f}",
@@ -436,9 +446,10 @@ def main() -> int:
             "/filter p50 / p99 ms",
             "/prioritize p50 / p99 ms",
             "nodes /filter passes (candidates)",
-            "pods/s without extender",
+            "pods/s without extender (each pair)",
             "pods/s with extender",
-            "ratio",
+            "ratio (each pair)",
+            "ratio, median",
             "setup s",
             "agent job errors",
             "rebalancer RSS MiB (max)",
@@ -450,7 +461,8 @@ def main() -> int:
             f"bench/fleet  {time.strftime('%Y-%m-%d')}  {platform.node()}  {os.cpu_count()} cpu"
             f"  python {platform.python_version()}  warm-up {args.warmup:g} min, window"
             f" {args.minutes:g} min  "
-            f"{args.pods} pods per scheduler"
+            f"{args.pods} pods per scheduler, {args.pairs} pairs"
+            f"  policy {args.policy or 'default'}"
         ),
     )
     return 0
