@@ -129,10 +129,10 @@ def test_recreated_node_is_relabelled_within_seconds_with_no_steady_node_reads(
     try:
         wait_for(lambda: labelled(cp, node), timeout=60, what="labels on the first Node")
         wait_for(lambda: lease_owner(cp, node) == first_uid, timeout=60, what="Lease owned")
-        time.sleep(3)  # the start-up writes and their reads are done
+        time.sleep(3)  # a quiet spell: the start-up writes and their reads are done
 
         reads0 = cp.requests("nodes", ("GET", "LIST"))
-        time.sleep(60)
+        time.sleep(60)  # the steady minute whose Node reads are under test
         reads = cp.requests("nodes", ("GET", "LIST")) - reads0
         assert reads / 1.0 <= 0.5, f"{reads} Node reads in a steady node-minute"
 

@@ -234,7 +234,7 @@ def test_what_a_reset_cannot_fix_is_never_reset_or_escalates(rig: RebalanceRig) 
 
     # The escalated GPU needs a reboot, but nothing reboots the node yet: the three pods
     # on its healthy GPUs keep running.
-    time.sleep(4)
+    time.sleep(4)  # a negative check: time for a drain that must not come
     assert bound(rig, "app=crew") == pods
     # Whatever reboots it cordons it first: now they go, through the Eviction API.
     rig.cp.admin.request("PATCH", f"/api/v1/nodes/{node}", body={"spec": {"unschedulable": True}},
