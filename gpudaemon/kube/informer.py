@@ -180,8 +180,13 @@ class Reflector:
             self._deliver("ADDED", obj)
 
     def _deliver(self, kind: str, obj: Obj) -> None:
+        self.deliver(kind, obj, self.on_event)
+
+    def deliver(self, kind: str, obj: Obj, on_event: Callable[[str, Obj], None]) -> None:
+        """`on_event(kind, obj)`; if it raises, counted and logged once per object (a
+        shared informer hands each of its handlers' events through here)."""
         try:
-            self.on_event(kind, obj)
+            on_event(kind, obj)
         except Exception as e:
             self.handler_errors += 1
             name = _name(obj)
