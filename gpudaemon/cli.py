@@ -20,6 +20,8 @@ from gpudaemon.errors import GpudaemonError, UsageError
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
+    from gpudaemon.kube.client import Credentials
+
 EXIT_USAGE = 2
 # The programs and their models (gpudaemon.config.PROGRAMS; named here so that --help
 # does not import the configuration).
@@ -389,16 +391,11 @@ def _probe(args: argparse.Namespace) -> int:
     from gpudaemon.backends import make_backend
     from gpudaemon.config import AgentSettings, load_settings
     from gpudaemon.labels import NodeLabeler
-    from gpudaemon.labels.sanitize import validate_prefix
     from gpudaemon.logsetup import setup_logging
 
     setup_logging("WARNING")
     _warn_environment()
-    if args.prefix is not None:
-        try:
-            validate_prefix(args.prefix)
-        except ValueError as e:
-            raise UsageError(f"--prefix: {e}") from None
+    _check_prefix(args.prefix)
     # The agent's model; probe reads no token and no kubeconfig, so no file checks.
     cfg = load_settings(AgentSettings, args.config, overrides=_overrides(args, _PROBE_FLAGS))
     backend = make_backend(cfg.simulate, seed=cfg.simulate_seed)
@@ -473,39 +470,56 @@ def _probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_prefix(prefix: str | None) -> None:
+    from gpudaemon.labels.sanitize import validate_prefix
+
+    if prefix is not None:
+        try:
+            validate_prefix(prefix)
+        except ValueError as e:
+            raise UsageError(f"--prefix: {e}") from None
+
+
+def _check_namespace(namespace: str | None) -> None:
+    if namespace is not None and not _DNS_LABEL.match(namespace):
+        raise UsageError(
+            f"-n/--namespace: {namespace[:100]!r} is not a namespace name "
+            "(lower-case letters, digits and '-', at most 63)"
+        )
+
+
+def _credentials(kubeconfig: str, in_cluster: bool) -> Credentials:
+    """The CLI's clients (status, cleanup) need credentials: none found is a usage error
+    naming where they were sought."""
+    from gpudaemon.config.environment import where_credentials_were_sought
+    from gpudaemon.kube.client import find_credentials
+
+    creds = find_credentials(kubeconfig, in_cluster)
+    if creds is None:
+        raise UsageError(
+            f"no Kubernetes credentials ({where_credentials_were_sought()}): give --kubeconfig"
+        )
+    return creds
+
+
 def _status(args: argparse.Namespace) -> int:
     from gpudaemon.config import StatusSettings
-    from gpudaemon.kube.client import KubeClient, find_credentials
-    from gpudaemon.labels.sanitize import validate_prefix
+    from gpudaemon.kube.client import KubeClient
     from gpudaemon.logsetup import setup_logging
     from gpudaemon.selector import parse_selector
     from gpudaemon.status import as_json, as_table, collect
 
     setup_logging("WARNING")
     _warn_environment()
-    if args.prefix is not None:
-        try:
-            validate_prefix(args.prefix)
-        except ValueError as e:
-            raise UsageError(f"--prefix: {e}") from None
+    _check_prefix(args.prefix)
     try:
         parse_selector(args.selector)
     except ValueError as e:
         raise UsageError(f"-l/--selector: {e}") from None
-    if args.namespace is not None and not _DNS_LABEL.match(args.namespace):
-        raise UsageError(
-            f"-n/--namespace: {args.namespace[:100]!r} is not a namespace name "
-            "(lower-case letters, digits and '-', at most 63)"
-        )
+    _check_namespace(args.namespace)
     cfg = _load(StatusSettings, args, _overrides(args, _STATUS_FLAGS))
     k = cfg.kubernetes
-    creds = find_credentials(k.kubeconfig, bool(k.in_cluster))
-    if creds is None:
-        from gpudaemon.config.environment import where_credentials_were_sought
-
-        raise UsageError(
-            f"no Kubernetes credentials ({where_credentials_were_sought()}): give --kubeconfig"
-        )
+    creds = _credentials(k.kubeconfig, bool(k.in_cluster))
     # -n, else a lease_namespace set in the config or environment, else found by label.
     namespace = args.namespace or (
         k.lease_namespace if "lease_namespace" in k.model_fields_set else None
@@ -531,28 +545,16 @@ def _status(args: argparse.Namespace) -> int:
 def _cleanup(args: argparse.Namespace) -> int:
     from gpudaemon.cleanup import cleanup
     from gpudaemon.config import StatusSettings
-    from gpudaemon.kube.client import KubeClient, find_credentials
-    from gpudaemon.labels.sanitize import validate_prefix
+    from gpudaemon.kube.client import KubeClient
     from gpudaemon.logsetup import setup_logging
 
     setup_logging("WARNING")
     _warn_environment()
-    if args.prefix is not None:
-        try:
-            validate_prefix(args.prefix)
-        except ValueError as e:
-            raise UsageError(f"--prefix: {e}") from None
-    if args.namespace is not None and not _DNS_LABEL.match(args.namespace):
-        raise UsageError(f"-n/--namespace: {args.namespace[:100]!r} is not a namespace name")
+    _check_prefix(args.prefix)
+    _check_namespace(args.namespace)
     cfg = _load(StatusSettings, args, _overrides(args, _STATUS_FLAGS))
     k = cfg.kubernetes
-    creds = find_credentials(k.kubeconfig, bool(k.in_cluster))
-    if creds is None:
-        from gpudaemon.config.environment import where_credentials_were_sought
-
-        raise UsageError(
-            f"no Kubernetes credentials ({where_credentials_were_sought()}): give --kubeconfig"
-        )
+    creds = _credentials(k.kubeconfig, bool(k.in_cluster))
     namespace = args.namespace or k.lease_namespace
     client = KubeClient.from_credentials(creds, k.request_timeout_seconds)
     try:
