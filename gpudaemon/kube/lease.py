@@ -163,19 +163,7 @@ class LeaseRenewer:
         now = self.clock()
         if self._acquired_at is None:
             self._acquired_at = now
-        spec = {
-            "holderIdentity": self.holder,
-            "leaseDurationSeconds": self.duration_s,
-            "acquireTime": micro_time(self._acquired_at),
-            "renewTime": micro_time(now),
-        }
-        owner = None
-        if node_uid:
-            owner = {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": node_uid}
-        try:
-            self.client.apply_lease(self.namespace, self.node, spec, owner)
-        except KubeError as e:
-            raise type(e)(f"node {self.node}: lease not renewed: {e}", e.status) from None
+        self._apply(self.holder, self.duration_s, self._acquired_at, now, node_uid, "renewed")
         return True
 
     def release(self, node_uid: str | None = None) -> None:
@@ -183,10 +171,17 @@ class LeaseRenewer:
         of one second from now, so every reader sees the node's data as stale within a
         second instead of at the end of the full duration. Raises KubeError."""
         now = self.clock()
+        acquired = self._acquired_at if self._acquired_at else now
+        self._apply("", 1, acquired, now, node_uid, "released")
+
+    def _apply(
+        self, holder: str, duration_s: int, acquired: float, now: float,
+        node_uid: str | None, what: str,
+    ) -> None:  # fmt: skip
         spec = {
-            "holderIdentity": "",
-            "leaseDurationSeconds": 1,
-            "acquireTime": micro_time(self._acquired_at if self._acquired_at else now),
+            "holderIdentity": holder,
+            "leaseDurationSeconds": duration_s,
+            "acquireTime": micro_time(acquired),
             "renewTime": micro_time(now),
         }
         owner = None
@@ -195,4 +190,4 @@ class LeaseRenewer:
         try:
             self.client.apply_lease(self.namespace, self.node, spec, owner)
         except KubeError as e:
-            raise type(e)(f"node {self.node}: lease not released: {e}", e.status) from None
+            raise type(e)(f"node {self.node}: lease not {what}: {e}", e.status) from None
