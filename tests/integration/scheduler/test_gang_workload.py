@@ -125,7 +125,7 @@ def test_two_gangs_that_cannot_both_fit_do_not_deadlock(rig: SchedulerRig) -> No
         return len(bound(rig, a)) == 3 or len(bound(rig, b)) == 2
 
     wait_for(one_complete, timeout=90, what="one of the two gangs bound in full")
-    time.sleep(SETTLE_S)
+    time.sleep(SETTLE_S)  # a negative check: the other gang's retries bind nothing
     done_a, done_b = bound(rig, a), bound(rig, b)
     assert (len(done_a), len(done_b)) in ((3, 0), (0, 2)), (done_a, done_b)
     # Nothing of the losing gang holds a GPU: the GPUs the winner left are free, as the

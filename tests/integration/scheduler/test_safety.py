@@ -137,7 +137,7 @@ def run(k):
     while time.monotonic() - start < seconds:
         target = start + n * interval + k * interval / threads
         if (d := target - time.monotonic()) > 0:
-            time.sleep(d)
+            time.sleep(d)  # paced to the rate
         n += 1
         try:
             conn.request("POST", "/filter", body=body(), headers={"Content-Type": "application/json"})
@@ -175,7 +175,11 @@ def test_a_flood_of_invented_pods_books_nothing(
         what="the extender to see the Leases",
     )
     without = place(rig, quiet, nodes[quiet], 8)  # also warms the extender up
-    time.sleep(2)
+    wait_for(
+        lambda: ext.metric("gpudaemon_extender_cache_objects", kind="assumed") == 0,
+        timeout=30,
+        what="the extender idle: every binding seen, no pod assumed",
+    )
     idle_kib = ext.rss_kib()
     assumed_before = ext.metric("gpudaemon_extender_assumed_pods_total")
 
@@ -186,7 +190,12 @@ def test_a_flood_of_invented_pods_books_nothing(
         stderr=subprocess.PIPE,
     )  # fmt: skip
     peak_kib = idle_kib
-    time.sleep(3)  # the flood is on
+    filtered = ext.metric("gpudaemon_extender_requests_total", verb="filter")
+    wait_for(
+        lambda: ext.metric("gpudaemon_extender_requests_total", verb="filter") >= filtered + 200,
+        timeout=30,
+        what="the flood on",
+    )
     created = 0
     started = time.monotonic()
     with_flood: dict[str, int] = {}
@@ -198,7 +207,7 @@ def test_a_flood_of_invented_pods_books_nothing(
                 with_flood = rig.gpus_by_node(nodes[flooded])
         peak_kib = max(peak_kib, ext.rss_kib())
         assert ext.metric("gpudaemon_extender_cache_objects", kind="assumed") <= 1
-        time.sleep(0.2)
+        time.sleep(0.2)  # RSS and the assumed pods sampled over the flood's 30 s
     out, _err = flood.communicate()
     result = json.loads(out)
     assert created == 8, (
@@ -330,7 +339,7 @@ def test_a_node_is_schedulable_within_10_s_of_its_agent_starting_or_restarting(
         assert lease is not None
         expiry = lease_expiry(lease)
         assert expiry is not None
-        time.sleep(max(0.0, expiry.timestamp() - time.time()) + 1)
+        time.sleep(max(0.0, expiry.timestamp() - time.time()) + 1)  # past the Lease's expiry
         pod2 = rig.create_pod(2, group)
         wait_for(
             lambda: "stale" in " ".join(rig.events_for(pod2)),
@@ -386,7 +395,8 @@ def test_an_xid_survives_an_agent_restart_until_the_node_reboots(
         write_profile(profile, xid=False)  # the same GPUs, reporting no fault now
         proc = agent(rig, node, profile)
         wait_for(lambda: holder() not in ("", old_holder), timeout=30, what="the new agent's Lease")
-        time.sleep(2)  # a few polls of the healthy-reporting GPU
+        # A negative check: a few polls of the healthy-reporting GPU forget nothing.
+        time.sleep(2)
         unhealthy, condition, gpu1_sick = state()
         assert unhealthy == "1" and gpu1_sick
         assert condition.startswith("False: ") and "GPU 1: xid 79" in condition
