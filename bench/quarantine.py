@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from loguru import logger
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.extender import cpu_s
 from bench.fleet import bare_node
 from bench.simagent import SimAgent
 from bench.table import print_table
@@ -168,12 +169,17 @@ def main() -> int:
         watcher.start()
         time.sleep(1.0)
         writes0, buckets0 = server_metrics(cp)
+        assert cp.apiserver is not None and cp.etcd is not None
+        cpu0 = (time.process_time(), cpu_s(cp.apiserver.pid), cpu_s(cp.etcd.pid))
         injected: dict[str, float] = {}
         rng = random.Random(2)
         for a in sick:  # the same second
             injected[a.cfg.node_name] = time.monotonic()
             a.backend.inject(rng.randrange(8), FaultSpec(kind="xid", xid=79))
         watcher.join(timeout=60)
+        burst_s = time.monotonic() - min(injected.values())
+        cpu1 = (time.process_time(), cpu_s(cp.apiserver.pid), cpu_s(cp.etcd.pid))
+        agents_cpu, api_cpu, etcd_cpu = (b - a for a, b in zip(cpu0, cpu1, strict=True))
         time.sleep(1.0)  # writes still in flight are counted
         writes1, buckets1 = server_metrics(cp)
         delays = [seen[n] - injected[n] for n in seen]
@@ -190,6 +196,12 @@ def main() -> int:
             ("kube-apiserver Node write latency p99 in the burst (s, bucket bound)",
              f"{p99_from(buckets0, buckets1):g}"),
             ("Node writes per faulted node", f"{(writes1 - writes0) / args.faults:.2f}"),
+            ("CPU s from the fault to the last quarantine: agents (this process) /"
+             " kube-apiserver / etcd (wall s)",
+             f"{agents_cpu:.2f} / {api_cpu:.2f} / {etcd_cpu:.2f} ({burst_s:.2f})"),
+            ("CPU ms per faulted node: agent / kube-apiserver + etcd",
+             f"{agents_cpu / args.faults * 1e3:.1f} / "
+             f"{(api_cpu + etcd_cpu) / args.faults * 1e3:.1f}"),
             ("machine", f"{platform.node()} {os.cpu_count()} cpu, {platform.python_version()}"),
         ]  # fmt: skip
         print_table(
