@@ -1,17 +1,14 @@
-"""The DRA informers: one Reflector per kind of resource.k8s.io/v1 (read-only, paged
-lists and watches, as the other informers), into a ClusterState's DRA store, each
-object parsed as it arrives. Shared by
-the extender and the rebalancer, each wiring them only with `dra.enabled` on."""
+"""The DRA informers: one shared informer (kube/informers.py) per kind of
+resource.k8s.io/v1 (read-only, paged lists and watches, as the other informers), into a
+ClusterState's DRA store, each object parsed as it arrives. Shared by the extender and
+the rebalancer, each wiring them into its factory only with `dra.enabled` on."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from gpudaemon.cluster.clusterstate import ClusterState
 from gpudaemon.cluster.dra import kept_form
 from gpudaemon.cluster.metrics import DRA_KINDS
-from gpudaemon.kube.backoff import Backoff
-from gpudaemon.kube.informer import ListWatchClient, Reflector
+from gpudaemon.kube.informers import Informer, InformerFactory, by_namespace
 
 DRA_PATH = "/apis/resource.k8s.io/v1/"
 # Kinds an API server may not serve: the DRA parts that work without them still work.
@@ -27,14 +24,24 @@ OPTIONAL = {
 PAGE_SIZE = {"resourceclaims": 10, "resourceclaimtemplates": 10}
 
 
-def dra_reflectors(
-    client: ListWatchClient, c: ClusterState, cap_s: float, clock: Callable[[], float]
-) -> list[Reflector]:
-    """Each object kept in its parsed form (`dra.kept_form`) from the moment its page or
-    event arrives: memory is bounded by what the store keeps, not by what was written."""
-    return [
-        Reflector(client, kind, DRA_PATH + kind, c.dra_replace(kind), c.dra_event(kind),
-                  backoff=Backoff(0.5, cap_s), clock=clock, optional=OPTIONAL.get(kind, ""),
-                  transform=kept_form(kind), page_size=PAGE_SIZE.get(kind))
-        for kind in DRA_KINDS
-    ]  # fmt: skip
+# One transform per kind, so asking the factory twice for a kind asks in the same form.
+_KEEP = {kind: kept_form(kind) for kind in DRA_KINDS}
+
+
+def dra_informers(factory: InformerFactory, c: ClusterState) -> list[Informer]:
+    """The factory's informer for each kind, `c`'s DRA store registered as its handler.
+    Each object kept in its parsed form (`dra.kept_form`) from the moment its page or
+    event arrives: memory is bounded by what the store keeps, not by what was written,
+    so the informers keep their stores too (a few hundred bytes an object, the parsed
+    value shared with `c`'s); claims are indexed by namespace."""
+    informers = []
+    for kind in DRA_KINDS:
+        inf = factory.informer(
+            kind, DRA_PATH + kind, transform=_KEEP[kind], page_size=PAGE_SIZE.get(kind),
+            optional=OPTIONAL.get(kind, ""),
+        )  # fmt: skip
+        inf.add_handler(c.dra_replace(kind), c.dra_event(kind))
+        if kind == "resourceclaims":
+            inf.add_indexer("namespace", by_namespace)
+        informers.append(inf)
+    return informers

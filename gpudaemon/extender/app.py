@@ -16,13 +16,14 @@ from prometheus_client import CollectorRegistry
 
 from gpudaemon import __version__
 from gpudaemon.cluster.clusterstate import ClusterState
-from gpudaemon.cluster.drawatch import dra_reflectors
+from gpudaemon.cluster.drawatch import dra_informers
 from gpudaemon.cluster.metrics import BadDataCollector, DraCollector
 from gpudaemon.cluster.policies import Policy, build_policies, policy_spec
 from gpudaemon.cluster.reservations import LeaseReservations, ReservationCollector
 from gpudaemon.cluster.selectors import (
     POD_FORM,
     POD_SELECTOR,
+    by_pod_group,
     pending_selector,
     unschedulable_since,
 )
@@ -40,9 +41,9 @@ from gpudaemon.httpserver import (
     WsgiApp,
     text_response,
 )
-from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import KubeClient, find_credentials
-from gpudaemon.kube.informer import ListWatchClient, Reflector
+from gpudaemon.kube.informer import ListWatchClient
+from gpudaemon.kube.informers import InformerFactory, by_namespace
 from gpudaemon.kube.lease import lease_path
 from gpudaemon.kube.runner import Runner
 
@@ -108,24 +109,29 @@ class Extender:
         # The rebalancer's reservations: read from its Lease, which the Lease watch of
         # the agents' namespace sees anyway (reservations.py).
         self.reservations = LeaseReservations()
-        cap = cfg.kubernetes.backoff_max_seconds
         c = self.cluster
-        pending = pending_selector(ext.scheduler_name)
-        self.reflectors = [
-            Reflector(client, "nodes", "/api/v1/nodes", c.replace_nodes, c.node_event,
-                      backoff=Backoff(0.5, cap), clock=clock),
-            Reflector(client, "pods", "/api/v1/pods", c.replace_pods, c.pod_event,
-                      query={"fieldSelector": POD_SELECTOR}, **POD_FORM,
-                      backoff=Backoff(0.5, cap), clock=clock),
-            Reflector(client, "leases", lease_path(cfg.kubernetes.lease_namespace),
-                      self._leases_replace, self._lease_event, backoff=Backoff(0.5, cap),
-                      clock=clock),
-            Reflector(client, "pending", "/api/v1/pods", self.pending.replace,
-                      self._pending_event, query={"fieldSelector": pending}, **POD_FORM,
-                      backoff=Backoff(0.5, cap), clock=clock),
-        ]  # fmt: skip
+        # One list + watch per resource and selector; each cache registers its handlers.
+        f = self.informers = InformerFactory(
+            client, backoff_max_s=cfg.kubernetes.backoff_max_seconds, clock=clock
+        )
+        # No store for Nodes and bound pods: ClusterState keeps them in its own, smaller
+        # form, and a second copy at 5,000 Nodes / 50,000 pods would double the memory.
+        f.informer("nodes", "/api/v1/nodes", store=False).add_handler(c.replace_nodes, c.node_event)
+        bound = f.informer("pods", "/api/v1/pods", {"fieldSelector": POD_SELECTOR},
+                           store=False, **POD_FORM)  # fmt: skip
+        bound.add_handler(c.replace_pods, c.pod_event)
+        leases = f.informer("leases", lease_path(cfg.kubernetes.lease_namespace), store=False)
+        leases.add_handler(c.replace_leases, c.lease_event)
+        leases.add_handler(self.reservations.replace, self.reservations.event)
+        # Our scheduler's pending pods are few: kept, and indexed, in their kept form.
+        mine = {"fieldSelector": pending_selector(ext.scheduler_name)}
+        pending = f.informer("pending", "/api/v1/pods", mine, **POD_FORM)
+        pending.add_handler(self.pending.replace, self._pending_event)
+        for name, index in (("namespace", by_namespace), ("pod-group", by_pod_group)):
+            pending.add_indexer(name, index)
         if cfg.dra.enabled:
-            self.reflectors += dra_reflectors(client, c, cap, clock)
+            dra_informers(f, c)
+        self.reflectors = f.reflectors
         self.runner = Runner(self.reflectors, client=client, clock=clock)
         self.verifier = PodVerifier(
             self.pending,
@@ -195,14 +201,6 @@ class Extender:
 
     def cache_ages(self) -> dict[str, float | None]:
         return self.runner.cache_ages()
-
-    def _leases_replace(self, items: list[dict[str, Any]]) -> None:
-        self.cluster.replace_leases(items)
-        self.reservations.replace(items)
-
-    def _lease_event(self, kind: str, obj: Mapping[str, Any]) -> None:
-        self.cluster.lease_event(kind, obj)
-        self.reservations.event(kind, obj)
 
     def _pending_event(self, kind: str, obj: Mapping[str, Any]) -> None:
         self.pending.event(kind, obj)

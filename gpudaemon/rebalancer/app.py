@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from gpudaemon import __version__
 from gpudaemon.cluster.clusterstate import ClusterState
-from gpudaemon.cluster.drawatch import dra_reflectors
+from gpudaemon.cluster.drawatch import dra_informers
 from gpudaemon.cluster.metrics import BadDataCollector, DraCollector
 from gpudaemon.cluster.policies import build_policies, policy_spec
 from gpudaemon.cluster.reservations import REBALANCER_LEASE, Reservation
@@ -36,9 +36,8 @@ from gpudaemon.cluster.selectors import POD_FORM, POD_SELECTOR, pending_selector
 from gpudaemon.config import RebalancerSettings
 from gpudaemon.errors import ConfigError
 from gpudaemon.httpserver import HttpServer
-from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import KubeClient, find_credentials
-from gpudaemon.kube.informer import Reflector
+from gpudaemon.kube.informers import InformerFactory
 from gpudaemon.kube.leader import LeaderElector
 from gpudaemon.kube.lease import lease_path
 from gpudaemon.kube.runner import Runner, observability_app
@@ -152,24 +151,30 @@ class Rebalancer:
                 checkpoint=self.elector.checkpoint, wall=wall,
             )  # fmt: skip
             self.passes.reset_grace_s = rem.drain_grace_s
-        cap = cfg.kubernetes.backoff_max_seconds
         c = self.cluster
-        self.reflectors = [
-            Reflector(client, "nodes", "/api/v1/nodes", self._nodes_replace, self._node_event,
-                      backoff=Backoff(0.5, cap)),
-            Reflector(client, "pods", "/api/v1/pods", c.replace_pods, c.pod_event,
-                      query={"fieldSelector": POD_SELECTOR}, **POD_FORM,
-                      backoff=Backoff(0.5, cap)),
-            Reflector(client, "leases", lease_path(cfg.kubernetes.lease_namespace),
-                      c.replace_leases, c.lease_event, backoff=Backoff(0.5, cap)),
-            Reflector(client, "pending", "/api/v1/pods", self._pending_replace,
-                      self._pending_event, backoff=Backoff(0.5, cap),
-                      query={"fieldSelector": pending_selector(self.rb.scheduler_name)},
-                      **POD_FORM),
-        ]  # fmt: skip
+        # One list + watch per resource and selector; each cache registers its handlers.
+        f = self.informers = InformerFactory(
+            client, backoff_max_s=cfg.kubernetes.backoff_max_seconds, clock=clock
+        )
+        # No store for Nodes, bound pods and Leases: ClusterState keeps them in its own,
+        # smaller form (the planner's readings among them, as its views).
+        nodes = f.informer("nodes", "/api/v1/nodes", store=False)
+        nodes.add_handler(c.replace_nodes, c.node_event)
+        nodes.add_handler(self.grant_watch.replace, self.grant_watch.node_event)
+        # Last: a drain pass it wakes sees the nodes.
+        nodes.add_handler(self.sick_watch.replace, self.sick_watch.node_event)
+        bound = f.informer("pods", "/api/v1/pods", {"fieldSelector": POD_SELECTOR},
+                           store=False, **POD_FORM)  # fmt: skip
+        bound.add_handler(c.replace_pods, c.pod_event)
+        leases = f.informer("leases", lease_path(cfg.kubernetes.lease_namespace), store=False)
+        leases.add_handler(c.replace_leases, c.lease_event)
+        mine = {"fieldSelector": pending_selector(self.rb.scheduler_name)}
+        pending = f.informer("pending", "/api/v1/pods", mine, store=False, **POD_FORM)
+        pending.add_handler(self._pending_replace, self._pending_event)
         if cfg.dra.enabled:  # pods holding a sick GPU through a DRA claim
-            self.reflectors += dra_reflectors(client, c, cap, clock)
+            dra_informers(f, c)
             self.passes.claim_holders = c.dra_holders
+        self.reflectors = f.reflectors
         self.runner = Runner(self.reflectors, clock=clock)
         self.registry.register(DraCollector("rebalancer", self.cluster.dra_counts, claims=False))
         self.registry.register(BadDataCollector(
@@ -196,16 +201,6 @@ class Rebalancer:
         meta = obj.get("metadata") or {}
         gpus = decode_gpus((meta.get("annotations") or {}).get(self.gpus_key) or "[]")
         return node_facts(obj), gpus
-
-    def _nodes_replace(self, items: list[dict[str, Any]]) -> None:
-        self.cluster.replace_nodes(items)
-        self.grant_watch.replace(items)
-        self.sick_watch.replace(items)  # after: a drain pass it wakes sees the nodes
-
-    def _node_event(self, kind: str, obj: dict[str, Any]) -> None:
-        self.cluster.node_event(kind, obj)
-        self.grant_watch.node_event(kind, obj)
-        self.sick_watch.node_event(kind, obj)
 
     def _parse(self, obj: Mapping[str, Any]) -> PodFacts | None:
         return pod_facts(obj, self.product_label, self.selector)

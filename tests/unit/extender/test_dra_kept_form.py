@@ -11,10 +11,11 @@ from typing import Any
 
 from gpudaemon.cluster.clusterstate import ClusterState
 from gpudaemon.cluster.dra import KEPT, Claim, kept_form
-from gpudaemon.cluster.drawatch import PAGE_SIZE, dra_reflectors
+from gpudaemon.cluster.drawatch import PAGE_SIZE, dra_informers
 from gpudaemon.cluster.state import PodShape
 from gpudaemon.kube.client import KubeClient
 from gpudaemon.kube.informer import Reflector
+from gpudaemon.kube.informers import InformerFactory
 from tests.dra_objects import claim, device_class, dra_pod, nvidia_slice, taint_rule, template
 from tests.unit.extender.test_dra_cluster import dra_node
 
@@ -133,12 +134,16 @@ def test_the_claim_watch_lists_in_small_pages_and_keeps_events_in_kept_form() ->
     client = _Client([padded_claim("first")], [("ADDED", late)], stop)
     c = ClusterState(dra=True)
     seen: list[Obj] = []
-    [r] = [r for r in dra_reflectors(client, c, 1.0, lambda: 0.0) if r.kind == "resourceclaims"]
-    r.on_event = lambda k, o: seen.append(o)
-    r.run(stop)
+    informers = dra_informers(InformerFactory(client, backoff_max_s=1.0), c)
+    [claims] = [i for i in informers if i.kind == "resourceclaims"]
+    claims.add_handler(lambda items: None, lambda k, o: seen.append(o))
+    claims.reflector.run(stop)
     assert client.list_kw == [{"page_size": PAGE_SIZE["resourceclaims"], "transform": True}]
     assert PAGE_SIZE["resourceclaims"] <= 50
     assert len(seen) == 1 and KEPT in seen[0] and "spec" not in seen[0]
+    # The informer's store keeps the same small form, indexed by namespace.
+    kept = claims.by_index("namespace", late["metadata"]["namespace"])
+    assert len(kept) == 2 and all(KEPT in o and "spec" not in o for o in kept)
 
 
 def test_a_reflector_without_transform_lists_as_before() -> None:

@@ -36,6 +36,12 @@ def rig(apply: bool = True, **remediation: Any) -> tuple[Rebalancer, FakeKube, F
     return rb, kube, clock
 
 
+def node_event(rb: Rebalancer, kind: str, obj: dict[str, Any]) -> None:
+    """As the Node watch hands it to every handler of the rebalancer's Node informer."""
+    [r] = [r for r in rb.reflectors if r.kind == "nodes"]
+    r.on_event(kind, obj)
+
+
 def grants(kube: FakeKube) -> dict[str, dict[str, Any]]:
     """Node -> the grant the rebalancer wrote there (merge patches only)."""
     out = {}
@@ -84,7 +90,7 @@ def test_at_most_max_concurrent_across_the_fleet_and_one_per_node() -> None:
     for name, g in grants(kube).items():  # as the Node watch then shows them
         obj = next(n for n in [*nodes, two] if n["metadata"]["name"] == name)
         obj["metadata"]["annotations"][KEY] = json.dumps(g)
-        rb._node_event("MODIFIED", obj)
+        node_event(rb, "MODIFIED", obj)
     rb.run_drain_pass()
     assert len(grants(kube)) == 2  # no third while two are out
     assert metric(rb, "gpudaemon_rebalancer_resets_total", result="concurrency") >= 1
@@ -146,7 +152,7 @@ def test_a_grant_nobody_answered_is_removed_when_it_runs_out() -> None:
     rb.run_pass()
     g = grants(kube)["n0"]
     nodes[0]["metadata"]["annotations"][KEY] = json.dumps(g)
-    rb._node_event("MODIFIED", nodes[0])
+    node_event(rb, "MODIFIED", nodes[0])
     assert parse(json.dumps(g), KEY).uuid == "GPU-n0-0"
     clock.advance(61)
     rb.run_drain_pass()
