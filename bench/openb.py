@@ -39,9 +39,12 @@ Configurations (all percentageOfNodesToScore: 100, one kube-scheduler process ea
   fragmentation-model  (on request) extender.policy: fragmentation-model (per GPU
                  model, keeping flexible pods off the models pinned pods need)
 
+`--pin 0.33` pins a third of each list's GPU pods to GPU-model sets (PIN_SETS, a
+synthetic mix), as FGD made its gpuspec lists from the default one: our lists pin none.
+
   scripts/bench openb [--fast] [--lists default,multigpu50] [--seeds 1,2,3]
               [--configs default,mostallocated,binpack,fragmentation] [--window 32]
-              [--json FILE] [--keep]
+              [--json FILE] [--keep] [--pin FRACTION]
   scripts/bench openb --table FILE.json ...   (the table of saved runs, merged)
 
 Rows whose list and seeds have a figure in bench/optimum.json (scripts/bench optimum
@@ -178,6 +181,35 @@ def read_pods(path: Path) -> list[PodRow]:
                 out.append(PodRow(int(r["cpu_milli"]), int(r["memory_mib"]), gpus, spec))
             except (KeyError, ValueError) as e:
                 raise SystemExit(f"{path}: row {i + 2}: bad or missing column ({e})") from None
+    return out
+
+
+# A synthetic mix of the GPU-model sets pinned pods accept, over the trace's models, for
+# lists that pin none (`--pin`): weights, not a sample of any held-out list.
+PIN_SETS: tuple[tuple[tuple[str, ...], int], ...] = (
+    (("T4",), 30), (("A10", "T4"), 10), (("V100M16", "V100M32"), 15), (("V100M32",), 5),
+    (("P100",), 12), (("G3",), 8), (("G2",), 15), (("G2", "G3"), 5),
+)  # fmt: skip
+
+
+def pin_models(
+    pods: list[PodRow], nodes: list[NodeRow], fraction: float, seed: int = 7
+) -> list[PodRow]:
+    """Each GPU pod, with probability `fraction`, made to accept only one model set of
+    PIN_SETS (among the sets with a node the pod fits on), drawn by weight: how FGD's
+    gpuspec lists were made from the default list, with our own mix of sets."""
+    rng = random.Random(seed)
+    shapes = {(n.model, n.gpus, n.cpu_milli, n.memory_mib) for n in nodes}
+    out = []
+    for p in pods:
+        if p.gpus > 0 and not p.gpu_spec and rng.random() < fraction:
+            fits = [(models, w) for models, w in PIN_SETS
+                    if any(m in models and g >= p.gpus and c >= p.cpu_milli and mem >= p.memory_mib
+                           for m, g, c, mem in shapes)]  # fmt: skip
+            if fits:
+                models = rng.choices([m for m, _ in fits], [w for _, w in fits])[0]
+                p = PodRow(p.cpu_milli, p.memory_mib, p.gpus, models)
+        out.append(p)
     return out
 
 
@@ -774,6 +806,8 @@ def main() -> int:
     ap.add_argument("--json", help="also write every run's figures here")
     ap.add_argument("--keep", action="store_true", help="keep the work dir (logs, configs)")
     ap.add_argument("--table", nargs="+", metavar="JSON", help="only print the table of saved runs")
+    ap.add_argument("--pin", type=float, default=0.0, metavar="FRACTION",
+                    help="pin this share of GPU pods to GPU models (PIN_SETS)")  # fmt: skip
     args = ap.parse_args()
     if args.table:
         missing = [f for f in args.table if not Path(f).is_file()]
@@ -825,6 +859,9 @@ def main() -> int:
         )
         for list_name, path in lists.items():
             pods = read_pods(path)
+            if args.pin:
+                pods = pin_models(pods, nodes, args.pin)
+                list_name = f"{list_name}+pin{args.pin:g}"
             for seed in seeds:
                 seq = arrivals(pods, seed, total)
                 for config in configs:
