@@ -46,7 +46,7 @@ def uninstall(
             rc, out = run_job_pod(cluster, ns, pod, tmp / name)
             output += out
             terminate(cluster, ns, pod, rc)
-        time.sleep(0.5)
+        time.sleep(0.5)  # the stand-in kubelet's poll interval while helm runs
     try:
         stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:

@@ -168,7 +168,7 @@ def test_uninstall_removes_everything_ours_and_restart_or_upgrade_keeps_a_quaran
     finally:
         assert stop(agent) == 0
     # A stop is not an uninstall: the quarantine stays whole.
-    time.sleep(2)
+    time.sleep(2)  # a negative check: time for a cleanup that must not come
     assert quarantine(cluster) == QUARANTINED
 
     proc = run_helm(
