@@ -5,9 +5,10 @@ condition removed by someone, is seen within a second instead of at the next Lea
 renewal. A watch costs no reads in steady state: one long request (5-10 min, then
 resumed from the last resourceVersion), a relist only after a failure or a 410.
 
-It reuses the extender's Reflector (list, watch from the list's version, relist on 410,
-jittered backoff on other errors) and hands every view of the Node to a callback:
-the Node, or None when it is gone. While the watch is live its last view stands in for
+It is an informer of the factory type the extender and the rebalancer use
+(kube/informers.py: list, watch from the list's version, relist on 410, jittered backoff
+on other errors), and hands every view of the Node to a callback: the Node, or None
+when it is gone. While the watch is live its last view stands in for
 the Lease heartbeat's read of the Node (`NodeLabelSink.heartbeat`).
 """
 
@@ -20,7 +21,8 @@ from typing import Any
 from gpudaemon.errors import KubeError, KubeGoneError
 from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.client import KubeClient
-from gpudaemon.kube.informer import Obj, Reflector
+from gpudaemon.kube.informer import Obj
+from gpudaemon.kube.informers import InformerFactory
 
 # Between one and two times this (the Reflector's jitter): one request per 5-10 min.
 WATCH_TIMEOUT_S = 300.0
@@ -81,16 +83,19 @@ class NodeWatch:
         self.node = node
         self.on_node = on_node
         self.live = False
-        self.reflector = Reflector(
-            _Tracked(client, self),
+        # From the factory type the extender and the rebalancer use: one list + watch,
+        # its handlers fanned out; the store holds just this Node.
+        self.informers = InformerFactory(
+            _Tracked(client, self), backoff_max_s=BACKOFF_CAP_S, watch_timeout_s=timeout_s
+        )
+        self.informer = self.informers.informer(
             f"node {node}",
             "/api/v1/nodes",
-            self._replace,
-            self._event,
-            query={"fieldSelector": f"metadata.name={node}"},
-            watch_timeout_s=timeout_s,
+            {"fieldSelector": f"metadata.name={node}"},
             backoff=backoff or Backoff(1.0, BACKOFF_CAP_S),
         )
+        self.informer.add_handler(self._replace, self._event)
+        self.reflector = self.informer.reflector
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

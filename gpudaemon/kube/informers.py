@@ -287,16 +287,18 @@ class InformerFactory:
         *,
         store: bool = True,
         optional: str = "",
+        backoff: Backoff | None = None,
     ) -> Informer:
         """The one informer for (path, query). `kind` names it in logs, readiness and
-        metrics; `transform`, `page_size` and `optional` are the Reflector's."""
+        metrics; `transform`, `page_size` and `optional` are the Reflector's; `backoff`
+        replaces the factory's for this informer (used only when it is built)."""
         key = (path, tuple(sorted((query or {}).items())))
         found = self._informers.get(key)
         if found is None:
             found = Informer(
                 self.client, kind, path, query=query, transform=transform,
                 page_size=page_size, store=store, optional=optional,
-                backoff=Backoff(0.5, self.backoff_max_s), clock=self.clock,
+                backoff=backoff or Backoff(0.5, self.backoff_max_s), clock=self.clock,
                 watch_timeout_s=self.watch_timeout_s,
             )  # fmt: skip
             self._informers[key] = found

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gpudaemon.errors import KubeGoneError, KubeUnavailableError
+from gpudaemon.kube.backoff import Backoff
 from gpudaemon.kube.informers import (
     InformerFactory,
     by_claim,
@@ -291,3 +292,13 @@ def test_the_runner_runs_the_factory_reflectors_and_is_ready_when_each_has_liste
 )
 def test_object_keys_as_client_go_makes_them(obj: Obj, key: str) -> None:
     assert object_key(obj) == key
+
+
+def test_an_informer_may_bring_its_own_backoff_and_the_others_get_the_factory_cap() -> None:
+    factory = InformerFactory(ScriptedClient([], []), backoff_max_s=7.0, watch_timeout_s=60.0)
+    mine = Backoff(1.0, 300.0)
+    own = factory.informer("node n1", "/api/v1/nodes", {"fieldSelector": "metadata.name=n1"},
+                           backoff=mine)  # fmt: skip
+    other = factory.informer("pods", "/api/v1/pods")
+    assert own.reflector.backoff is mine and other.reflector.backoff.cap == 7.0
+    assert own.reflector.watch_timeout_s == other.reflector.watch_timeout_s == 60.0
