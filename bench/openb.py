@@ -36,14 +36,15 @@ Configurations (all percentageOfNodesToScore: 100, one kube-scheduler process ea
                  the pods asking for no GPU (the shipped profile sends it every pod)
   fragmentation-gpuonly  (on request) managedResources: nvidia.com/gpu, the profile as
                  shipped before issue 40: only GPU pods reach the extender
-  fragmentation-model  (on request) extender.policy: fragmentation-model (per GPU
-                 model, keeping flexible pods off the models pinned pods need)
+  fragmentation-model  extender.policy: fragmentation-model, the shipped default (per
+                 GPU model, keeping flexible pods off the models pinned pods need)
 
 `--pin 0.33` pins a third of each list's GPU pods to GPU-model sets (PIN_SETS, a
 synthetic mix), as FGD made its gpuspec lists from the default one: our lists pin none.
 
   scripts/bench openb [--fast] [--lists default,multigpu50] [--seeds 1,2,3]
-              [--configs default,mostallocated,binpack,fragmentation] [--window 32]
+              [--configs default,mostallocated,binpack,fragmentation,fragmentation-model]
+              [--window 32]
               [--json FILE] [--keep] [--pin FRACTION]
   scripts/bench openb --table FILE.json ...   (the table of saved runs, merged)
 
@@ -96,7 +97,7 @@ LISTS = {
     "multigpu50": "openb_pod_list_multigpu50.csv",
 }
 GPU = "nvidia.com/gpu"
-CONFIGS = ("default", "mostallocated", "binpack", "fragmentation")
+CONFIGS = ("default", "mostallocated", "binpack", "fragmentation", "fragmentation-model")
 # Variants, run on request. -hami: in-tree MostAllocated scores the pods asking for no
 # GPU (the extender leaves them neutral), and the extender's filter returns only its
 # best node (HAMi style). -all: the policy also ranks pods with no GPU
@@ -107,7 +108,6 @@ VARIANTS = (
     "fragmentation-hami",
     "fragmentation-all",
     "fragmentation-gpuonly",
-    "fragmentation-model",
 )
 MOST_ALLOCATED = {
     "name": "NodeResourcesFit",

@@ -110,10 +110,12 @@ class ExtenderConfig(_Section):
     metrics_listen: Annotated[str, AfterValidator(lambda v: _check_listen(v) if v else v)] = ""
     tls: ExtenderTls = ExtenderTls()
     # The default policy; a pod picks another with the annotation gpudaemon.io/policy.
-    # fragmentation: fewest unallocated GPUs on the openb trace (docs/benchmarks.md).
-    # Checked against the policy registry (cluster/policies/) when the extender starts:
-    # configuration sits below the extender and does not import it.
-    policy: Annotated[str, Field(min_length=1, max_length=63)] = "fragmentation"
+    # fragmentation-model: FGD per GPU model; with no pod pinned to a model it orders
+    # nodes exactly as fragmentation does, and with pinned pods it strands far fewer
+    # GPUs (docs/benchmarks.md, openb with --pin). Checked against the policy registry
+    # (cluster/policies/) when the extender starts: configuration sits below the
+    # extender and does not import it.
+    policy: Annotated[str, Field(min_length=1, max_length=63)] = "fragmentation-model"
     # Weight of measured utilization as the tie-break within a policy. Below 1, so it
     # only orders nodes the GPU arithmetic leaves equal.
     utilization_weight: Annotated[Number, Field(ge=0, lt=1)] = 0.5
