@@ -65,12 +65,11 @@ class BodyBudget:
 
 
 class _Parser(HTTPRequestParser):
-    """waitress's parser plus: when the time the request started (its read deadline),
-    the body's share of the budget, and a 413 that names the setting."""
+    """waitress's parser plus: the body's share of the budget, and a 413 that names
+    the setting."""
 
     def __init__(self, adj: Any, *, budget: BodyBudget, what: str, max_body: int) -> None:
         super().__init__(adj)
-        self.started = time.time()
         self._budget = budget
         self._what = what
         self._max_body = max_body
@@ -109,21 +108,35 @@ class _Parser(HTTPRequestParser):
 
 class _Channel(HTTPChannel):
     """waitress's channel plus the state the server's maintenance needs: how many
-    requests it has answered (a connection that never finished one is a stranger) and
-    whether it was closed by a time-out (closed even with output still queued)."""
+    requests it has answered (a connection that never finished one is a stranger),
+    since when its next request has been arriving, and whether it was closed by a
+    time-out (closed even with output still queued)."""
 
     served = 0
     expired = False
+    # Wall time of the first byte of the request now arriving; None between requests.
+    # Set on the channel, not the parser: waitress starts a new parser after each
+    # empty request (a blank line), so a client streaming blank lines would otherwise
+    # look like a request that began a moment ago, for ever.
+    pending_since: float | None = None
 
     def __init__(self, server: Any, sock: socket.socket, addr: Any, adj: Any, map: Any = None):
         self.parser_class = server.make_parser
         super().__init__(server, sock, addr, adj, map)
+
+    def received(self, data: bytes) -> bool:
+        if data and self.pending_since is None:
+            self.pending_since = time.time()
+        return bool(super().received(data))
 
     def service(self) -> None:
         try:
             super().service()
         finally:
             self.served += 1
+            # The next request's clock starts with its first byte; one already partly
+            # read (pipelined) started arriving by now at the latest.
+            self.pending_since = time.time() if self.request is not None else None
 
     def expire(self) -> None:
         self.expired = True
@@ -172,8 +185,8 @@ class _Server(TcpWSGIServer):
                 continue
             if not ch.handshaken():
                 late = now - ch.creation_time > min(HANDSHAKE_TIMEOUT_S, self.read_timeout_s)
-            elif ch.request is not None:
-                late = now - ch.request.started > self.read_timeout_s
+            elif ch.pending_since is not None:
+                late = now - ch.pending_since > self.read_timeout_s
             elif not ch.served:
                 late = now - ch.creation_time > self.read_timeout_s
             else:
@@ -210,7 +223,7 @@ class _Server(TcpWSGIServer):
 
     @staticmethod
     def _stalest(live: list[Any], now: float) -> Any:
-        silent = [c for c in live if not c.served and not c.requests and c.request is None
+        silent = [c for c in live if not c.served and not c.requests and c.pending_since is None
                   and now - c.creation_time > SLOW_REQUEST_S]  # fmt: skip
         # Strangers that have not begun a request (or a TLS handshake), oldest first. One
         # whose bytes wait unread in its socket has spoken: the loop is behind, not the
@@ -218,13 +231,13 @@ class _Server(TcpWSGIServer):
         for c in sorted(silent, key=lambda c: c.creation_time):
             if not _unread(c):
                 return c
-        slow = [c for c in live if not c.requests and c.request is not None
-                and now - c.request.started > SLOW_REQUEST_S]  # fmt: skip
+        slow = [c for c in live if not c.requests and c.pending_since is not None
+                and now - c.pending_since > SLOW_REQUEST_S]  # fmt: skip
         if slow:
-            return min(slow, key=lambda c: c.request.started)
+            return min(slow, key=lambda c: c.pending_since)
         # Served connections between requests; a stranger under the slow mark, or one
         # whose request waits unread, is never cut off.
-        idle = [c for c in live if c.served and not c.requests and c.request is None]
+        idle = [c for c in live if c.served and not c.requests and c.pending_since is None]
         return min(idle, key=lambda c: c.last_activity) if idle else None
 
 

@@ -223,7 +223,7 @@ def test_a_stranger_whose_request_waits_unread_is_not_taken_for_silent() -> None
         old = now - limits.SLOW_REQUEST_S - 1
 
         def stranger(sock: socket.socket, created: float) -> SimpleNamespace:
-            return SimpleNamespace(served=0, requests=[], request=None, creation_time=created,
+            return SimpleNamespace(served=0, requests=[], pending_since=None, creation_time=created,
                                    last_activity=created, socket=sock)  # fmt: skip
 
         spoke = stranger(spoke_server, old - 5)  # the oldest, but its bytes wait unread
@@ -235,3 +235,44 @@ def test_a_stranger_whose_request_waits_unread_is_not_taken_for_silent() -> None
     finally:
         for s in (spoke_server, spoke_client, silent_server, silent_client):
             s.close()
+
+
+def test_clients_streaming_blank_lines_are_slow_and_closed_at_the_read_time_out() -> None:
+    """waitress reads each blank line as an empty request and starts a new parser: a
+    client that streams them never finishes a request. Its request clock starts with
+    its first byte and is not reset by them, so it makes room for a newcomer once over
+    the slow mark and is closed at the read time-out (before, four such clients held
+    every slot for good and a real request timed out)."""
+    srv = HttpServer(
+        "127.0.0.1:0", echo, name="test", threads=2, read_timeout_s=3, max_connections=4
+    )
+    srv.start()
+    stop = threading.Event()
+    closed: list[float] = []
+    t_start = time.monotonic()
+
+    def stream() -> None:
+        try:
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=1)
+            chunk = b"\r\n\r\n" * 16384
+            while not stop.is_set():
+                s.sendall(chunk)
+        except OSError:  # closed by the server (or the send timed out: held up)
+            closed.append(time.monotonic() - t_start)
+
+    threads = [threading.Thread(target=stream) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(limits.SLOW_REQUEST_S + 0.5)  # every slot streaming past the slow mark
+        t0 = time.monotonic()
+        assert request(srv.port, path="/in") == (200, b"/in")
+        assert time.monotonic() - t0 < 3.0
+        assert srv.shed >= 1
+        wait_for(lambda: len(closed) == 4, 15, what="every blank-line client closed")
+        assert max(closed) < 10  # by the read time-out (3 s), with the loop kept busy
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        srv.stop()
