@@ -84,7 +84,7 @@ class NodeWatch:
         self.on_node = on_node
         self.live = False
         # From the factory type the extender and the rebalancer use: one list + watch,
-        # its handlers fanned out; the store holds just this Node.
+        # its handlers fanned out; no store (the handlers keep what they read).
         self.informers = InformerFactory(
             _Tracked(client, self), backoff_max_s=BACKOFF_CAP_S, watch_timeout_s=timeout_s
         )
@@ -93,6 +93,7 @@ class NodeWatch:
             "/api/v1/nodes",
             {"fieldSelector": f"metadata.name={node}"},
             backoff=backoff or Backoff(1.0, BACKOFF_CAP_S),
+            store=False,
         )
         self.informer.add_handler(self._replace, self._event)
         self.reflector = self.informer.reflector

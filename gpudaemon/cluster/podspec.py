@@ -226,16 +226,27 @@ _KEPT_META = ("name", "namespace", "uid", "labels", "ownerReferences", "deletion
               "creationTimestamp", "resourceVersion")  # fmt: skip
 _KEPT_CONTAINER = ("name", "resources", "restartPolicy")
 _KEPT_CONDITION = ("type", "status", "reason", "lastTransitionTime")
-_DROPPED_SPEC = frozenset({"containers", "initContainers", "ephemeralContainers", "volumes"})
+# The spec fields some reader reads the value of (podspec, fits.py, the gang and DRA
+# readers). Any other field the pod sets is kept by name only (None): fits.py judges
+# which fields are set, not what they hold (hostAliases, readinessGates and the like
+# would otherwise be kept whole).
+_READ_SPEC = frozenset({
+    "affinity", "hostNetwork", "nodeName", "nodeSelector", "overhead", "priority",
+    "resourceClaims", "resources", "schedulerName", "schedulingGates", "schedulingGroup",
+    "tolerations", "topologySpreadConstraints",
+})  # fmt: skip
 
 
-def kept_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
+def kept_pod(obj: Any) -> Any:
     """What the extender, the rebalancer and `status` read of a pod, and nothing else:
     the Reflector keeps each pod in this form from the moment its list page or watch
     event arrives, so memory follows what we keep, not what tenants write (env, command
-    lines, managedFields, container statuses, other tools' annotations). Everything
-    the scheduler's filters read (affinity, tolerations, selectors, spread, claims)
-    stays as written; a volume keeps its name and kind (fits.py judges the kind)."""
+    lines, managedFields, container statuses, other tools' annotations, spec fields
+    nobody reads). What the scheduler's filters read (labels, affinity, tolerations,
+    selectors, spread, claims) stays as written, so those still grow with what a
+    tenant writes there; a volume keeps its name and kind (fits.py judges the kind)."""
+    if not isinstance(obj, Mapping):
+        return obj  # not a pod: the parsers that follow refuse it
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
@@ -249,7 +260,7 @@ def kept_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
             for k, v in ann.items()
             if isinstance(k, str) and k.startswith(OUR_ANNOTATION_PREFIX)
         }
-    kept_spec: dict[str, Any] = {k: v for k, v in spec.items() if k not in _DROPPED_SPEC}
+    kept_spec: dict[str, Any] = {k: v if k in _READ_SPEC else None for k, v in spec.items()}
     for key in ("containers", "initContainers", "volumes"):
         if key in spec:  # anything but a list stays as written, for the parsers to refuse
             value = spec[key]

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from gpudaemon.cluster.podspec import kept_pod, pod_gang
+from gpudaemon.cluster.podspec import kept_pod
 
 # Bound pods that still hold resources: terminal pods free theirs (kube-scheduler's rule).
 POD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
@@ -17,13 +17,6 @@ POD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 # or relist; ordinary pods are a few KB). 50,000 pods list in 500 requests.
 POD_PAGE = 100
 POD_FORM: dict[str, Any] = {"transform": kept_pod, "page_size": POD_PAGE}
-
-
-def by_pod_group(pod: Mapping[str, Any]) -> list[str]:
-    """Index function for a pod informer: its gang's `namespace/podgroup` (`pod_gang`),
-    none for a pod in no gang."""
-    gang = pod_gang(pod)
-    return [gang] if gang else []
 
 
 def pending_selector(scheduler_name: str) -> str:

@@ -23,7 +23,6 @@ from gpudaemon.cluster.reservations import LeaseReservations, ReservationCollect
 from gpudaemon.cluster.selectors import (
     POD_FORM,
     POD_SELECTOR,
-    by_pod_group,
     pending_selector,
     unschedulable_since,
 )
@@ -43,7 +42,7 @@ from gpudaemon.httpserver import (
 )
 from gpudaemon.kube.client import KubeClient, find_credentials
 from gpudaemon.kube.informer import ListWatchClient
-from gpudaemon.kube.informers import InformerFactory, by_namespace
+from gpudaemon.kube.informers import InformerFactory
 from gpudaemon.kube.lease import lease_path
 from gpudaemon.kube.runner import Runner
 
@@ -123,12 +122,11 @@ class Extender:
         leases = f.informer("leases", lease_path(cfg.kubernetes.lease_namespace), store=False)
         leases.add_handler(c.replace_leases, c.lease_event)
         leases.add_handler(self.reservations.replace, self.reservations.event)
-        # Our scheduler's pending pods are few: kept, and indexed, in their kept form.
+        # Our scheduler's pending pods: PendingPods keeps its parsed form (no store
+        # until something reads one: a second copy of every pending pod otherwise).
         mine = {"fieldSelector": pending_selector(ext.scheduler_name)}
-        pending = f.informer("pending", "/api/v1/pods", mine, **POD_FORM)
+        pending = f.informer("pending", "/api/v1/pods", mine, store=False, **POD_FORM)
         pending.add_handler(self.pending.replace, self._pending_event)
-        for name, index in (("namespace", by_namespace), ("pod-group", by_pod_group)):
-            pending.add_indexer(name, index)
         if cfg.dra.enabled:
             dra_informers(f, c)
         self.reflectors = f.reflectors

@@ -182,6 +182,18 @@ def test_what_a_tenant_piles_into_a_pod_is_not_kept() -> None:
     assert set(main) == {"name", "resources", "ports"}
     assert kept["spec"]["volumes"][1] == {"name": "cfg", "configMap": {}}
     assert "containerStatuses" not in kept["status"]
+    assert kept["spec"]["priority"] == 100
+
+
+def test_spec_fields_nobody_reads_are_kept_by_name_only() -> None:
+    pod = rich_pod(
+        hostAliases=[{"ip": "10.0.0.1", "hostnames": [f"h{i}" for i in range(2000)]}],
+        readinessGates=[{"conditionType": f"c{i}"} for i in range(2000)],
+    )
+    kept = kept_pod(pod)
+    assert kept["spec"]["hostAliases"] is None and kept["spec"]["readinessGates"] is None
+    assert len(json.dumps(kept)) < 5_000
+    assert readings(kept) == readings(pod)  # fits.py still sees which fields are set
     assert "message" not in kept["status"]["conditions"][0]
 
 
@@ -189,6 +201,9 @@ def test_what_a_tenant_piles_into_a_pod_is_not_kept() -> None:
     "obj",
     [
         {},
+        None,
+        [1],
+        "pod",
         {"metadata": {}, "spec": []},
         {"spec": {"containers": "bad"}},
         {"spec": {"containers": [1, None]}, "status": "x"},
