@@ -205,18 +205,16 @@ def bench_latency(
     rng = random.Random(1)
     cfg = load_config(None, environ={})
     policies = make_policies(cfg)
-    frag = policies["fragmentation"]
-    assert isinstance(frag, Fragmentation)
     # A learned workload, as in production: the typical shapes come from arriving pods.
+    learners = [p for p in policies.values() if isinstance(p, Fragmentation)]
     for k in range(500):
-        frag.observe_pod(
-            f"warm-{k}",
-            PodShape(
-                gpus=rng.choice([1, 1, 1, 2, 4, 8]),
-                cpu_milli=rng.choice([2000, 4000, 8000, 16000, 32000]),
-                memory_bytes=rng.choice([8, 16, 32, 64, 128]) << 30,
-            ),
+        shape = PodShape(
+            gpus=rng.choice([1, 1, 1, 2, 4, 8]),
+            cpu_milli=rng.choice([2000, 4000, 8000, 16000, 32000]),
+            memory_bytes=rng.choice([8, 16, 32, 64, 128]) << 30,
         )
+        for frag in learners:  # fragmentation and fragmentation-model (the default)
+            frag.observe_pod(f"warm-{k}", shape)
     rows = []
     for n in sizes:
         cluster = filled_cluster(n, rng)
