@@ -39,6 +39,7 @@ from bench.openb import (
     TRACES,
     PodRow,
     arrivals,
+    pin_models,
     read_nodes,
     read_pods,
 )
@@ -62,7 +63,11 @@ def one(
 ) -> dict[str, Any]:
     nodes = read_nodes(nodes_path)
     total = sum(n.gpus for n in nodes)
-    pods = at_cut(arrivals(read_pods(path), seed, total), total)
+    listed = read_pods(path)
+    if args.pin:  # the same pinned list bench/openb --pin runs
+        listed = pin_models(listed, nodes, args.pin)
+        list_name = f"{list_name}+pin{args.pin:g}"
+    pods = at_cut(arrivals(listed, seed, total), total)
     nts, pts = node_types(nodes), pod_types(pods)
     label = f"{list_name} seed {seed}"
     print(
@@ -124,6 +129,7 @@ def main() -> int:
     ap.add_argument("--milp-time-limit", type=float, default=60, help="integer master, s")
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("--write", action="store_true", help=f"merge into {OPTIMUM_JSON.name}")
+    ap.add_argument("--pin", type=float, default=0.0, help="as bench/openb --pin")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",") if s]
     lists: dict[str, Path] = {}
