@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gpudaemon.cluster import reservations
 from tests.integration.rebalancer.rig import RebalanceRig, metric
 from tests.integration.scheduler.rig import NS
 from tests.support import wait_for
@@ -37,7 +38,7 @@ def forged(holder_uid: str, node: str) -> dict[str, Any]:
 
 
 def test_a_forged_lease_keeps_no_room_and_a_real_rebalancer_takes_it_over(
-    rig: RebalanceRig,
+    rig: RebalanceRig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     node = "forge-0"
     rig.add_node(node, "forge")
@@ -48,14 +49,16 @@ def test_a_forged_lease_keeps_no_room_and_a_real_rebalancer_takes_it_over(
     uid = rig.pod("holder")["metadata"]["uid"]
     ext = rig.extender
     assert ext is not None
+    # What the extender's reservations read of each event of that Lease: the informer
+    # holds its handler from the start, so the reading is observed, not the handler.
     seen: list[str] = []
-    real = ext.reservations.event
+    real = reservations.lease_held_until
 
-    def event(kind: str, obj: Any) -> None:
-        real(kind, obj)
+    def held_until(obj: Any, now: float) -> float | None:
         seen.append(str((obj.get("spec") or {}).get("holderIdentity")))
+        return real(obj, now)
 
-    ext.reservations.event = event  # type: ignore[method-assign]
+    monkeypatch.setattr(reservations, "lease_held_until", held_until)
     rig.cp.admin.request("POST", LEASES, body=forged(uid, node))
     wait_for(lambda: "forged" in seen, 10, what="the extender to see the forged Lease")
 
