@@ -213,6 +213,18 @@ def pin_models(
     return out
 
 
+def pod_lists(names: str, ap: argparse.ArgumentParser) -> dict[str, Path]:
+    """`--lists`: our lists by name, or CSV paths (named by their stem); a missing one
+    is the parser's error line."""
+    lists: dict[str, Path] = {}
+    for item in names.split(","):
+        path = TRACES / LISTS[item] if item in LISTS else Path(item)
+        if not path.is_file():
+            ap.error(f"no pod list {item!r}")
+        lists[item if item in LISTS else path.stem] = path
+    return lists
+
+
 def arrivals(pods: list[PodRow], seed: int, total_gpus: int) -> list[PodRow]:
     """FGD's sequence: shuffled, resampled when used up, until 130% of GPUs arrived."""
     rng = random.Random(seed)
@@ -829,12 +841,7 @@ def main() -> int:
     if bad or args.window < 1:
         ap.error(f"unknown config(s) {bad}" if bad else "--window must be >= 1")
     seeds = [int(s) for s in args.seeds.split(",") if s]
-    lists: dict[str, Path] = {}
-    for item in args.lists.split(","):
-        path = TRACES / LISTS[item] if item in LISTS else Path(item)
-        if not path.is_file():
-            ap.error(f"no pod list {item!r}")
-        lists[item if item in LISTS else path.stem] = path
+    lists = pod_lists(args.lists, ap)
 
     agent_cfg = load_config(None, environ={}, overrides={})
     prefix = agent_cfg.labels.prefix

@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.openb import (
-    LISTS,
     NODE_LIST,
     OPTIMUM_JSON,
     TRACES,
     PodRow,
     arrivals,
     pin_models,
+    pod_lists,
     read_nodes,
     read_pods,
 )
@@ -132,12 +132,7 @@ def main() -> int:
     ap.add_argument("--pin", type=float, default=0.0, help="as bench/openb --pin")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",") if s]
-    lists: dict[str, Path] = {}
-    for item in args.lists.split(","):
-        path = TRACES / LISTS[item] if item in LISTS else Path(item)
-        if not path.is_file():
-            ap.error(f"no pod list {item!r}")
-        lists[item if item in LISTS else path.stem] = path
+    lists = pod_lists(args.lists, ap)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     t0 = time.monotonic()
     rows = [
