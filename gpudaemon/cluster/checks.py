@@ -1,9 +1,8 @@
 """Whether a node can take a pod, one pure check per concern: the agent's data (read,
 present, fresh), GPU health, and GPU capacity (whole GPUs and MIG devices).
 
-The extender's filter plug-ins (extender/plugins/) are these checks by name, and
-`check_node` runs them in the default order for the rebalancer, which asks the same
-question of the same rules.
+The filter plug-ins (cluster/plugins/) are these checks by name; `check_node` runs them
+in the default order.
 """
 
 from __future__ import annotations

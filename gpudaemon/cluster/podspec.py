@@ -202,6 +202,13 @@ def pod_gang(pod: Mapping[str, Any]) -> str:
     return f"{ns}/{group}"
 
 
+def pod_priority(pod: Mapping[str, Any]) -> int:
+    """spec.priority (the admission controller writes it from the PriorityClass), 0 if
+    unset or not a whole number."""
+    v = (pod.get("spec") or {}).get("priority")
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
 MAX_POLICY_NAME = 63  # policy names are short; the annotation may hold 256 KiB
 
 

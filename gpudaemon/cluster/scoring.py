@@ -93,7 +93,7 @@ def rank(raw: Mapping[str, Score]) -> tuple[str | None, dict[Score, int]]:
 @dataclass(frozen=True, slots=True)
 class Gang:
     """What a gang pod's ranking knows of its gang, gathered by the `gang` plug-in's
-    PreFilter (extender/plugins/gang.py)."""
+    PreFilter (cluster/plugins/gang.py)."""
 
     held: Collection[str]  # nodes holding some of the gang (bound or assumed)
     products: frozenset[str]  # the GPU products of those nodes

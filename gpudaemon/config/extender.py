@@ -64,8 +64,9 @@ class ScorePluginConfig(_Section):
 
 
 class PluginsConfig(_Section):
-    """The extender's plug-ins by name, in order (extender/plugins/). Checked against
-    the plug-in registry when the extender starts, as `policy` is. The defaults are
+    """The extender's plug-ins by name, in order (cluster/plugins/), which the
+    rebalancer also runs to foresee placements. Checked against the plug-in registry
+    when the extender and the rebalancer start, as `policy` is. The defaults are
     the extender's behaviour before plug-ins existed."""
 
     # Run in order per node; the first that fails names the node's reason.

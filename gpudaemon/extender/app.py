@@ -18,6 +18,7 @@ from gpudaemon import __version__
 from gpudaemon.cluster.clusterstate import ClusterState
 from gpudaemon.cluster.drawatch import dra_informers
 from gpudaemon.cluster.metrics import BadDataCollector, DraCollector
+from gpudaemon.cluster.plugins import check_plugins
 from gpudaemon.cluster.policies import Policy, build_policies, policy_spec
 from gpudaemon.cluster.reservations import LeaseReservations, ReservationCollector
 from gpudaemon.cluster.selectors import (
@@ -30,7 +31,6 @@ from gpudaemon.config import ExtenderSettings
 from gpudaemon.errors import ConfigError
 from gpudaemon.extender.api import ExtenderApi
 from gpudaemon.extender.metrics import CacheCollector, NodeCollector
-from gpudaemon.extender.plugins import check_plugins
 from gpudaemon.extender.pods import PendingPods, PodVerifier
 from gpudaemon.httpserver import (
     HttpServer,

@@ -1,5 +1,5 @@
 """The extender's decisions, named as kube-scheduler names its steps, each made of the
-plug-ins `extender.plugins` enables (extender/plugins/). Per request the framework
+plug-ins `extender.plugins` enables (cluster/plugins/). Per request the framework
 writes what it knows of the pod into a fresh `CycleState`, then runs **PreFilter**
 (every enabled plug-in's `pre_filter`, once), **filter** (which nodes can take the
 pod: the filter plug-ins in order; then the best few by score), **score** (the tier
@@ -24,6 +24,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpudaemon.cluster.clusterstate import ClusterState, Snapshot
+from gpudaemon.cluster.plugins import (
+    POD,
+    Cycle,
+    CycleState,
+    NodeFilter,
+    RealPod,
+    build_profile,
+    tiered,
+    weighted_sum,
+)
 from gpudaemon.cluster.podspec import POLICY_ANNOTATION, pod_gang, pod_policy, pod_shape
 from gpudaemon.cluster.policies import Policy, UnknownPolicyError
 from gpudaemon.cluster.reservations import LeaseReservations
@@ -31,15 +41,6 @@ from gpudaemon.cluster.scoring import MAX_SCORE, Rejection, ScoreMemo, Scorer, b
 from gpudaemon.cluster.state import NodeState, PodShape
 from gpudaemon.config import PluginsConfig
 from gpudaemon.extender.metrics import ExtenderMetrics
-from gpudaemon.extender.plugins import (
-    MAX_NODE_SCORE,
-    POD,
-    Cycle,
-    CycleState,
-    NodeFilter,
-    RealPod,
-    build_profile,
-)
 from gpudaemon.extender.pods import PodVerifier
 from gpudaemon.extender.verdicts import VerdictTable, VerdictTables
 from gpudaemon.httpserver import Readiness
@@ -173,34 +174,12 @@ class Framework:
     def _scored(
         self, state: CycleState, names: Sequence[str], states: Mapping[str, NodeState | None]
     ) -> dict[str, float]:
-        """The pod's score per node: each score plug-in's raw scores (memoized),
-        normalised to 0..MAX_NODE_SCORE over these nodes and summed with the weights
-        (kube-scheduler's rule). Only nodes every plug-in scored are ranked (a plug-in
-        leaves out a node that cannot host the pod). With one plug-in its raw scores
-        are used as they are: a positive affine map keeps their order, and skipping it
-        keeps close raw scores from merging in float rounding."""
-        scorers = self._scorers(state)
+        """The pod's score per node: each score plug-in's raw scores (memoized), summed
+        with the weights over these nodes (plugins/combine.py `weighted_sum`)."""
         memo, shape = self._scores, state.read(POD).shape
-        if len(scorers) == 1:
-            return memo.scores(scorers[0][0], shape, names, states)
-        parts = [(memo.scores(s, shape, names, states), w) for s, w in scorers]
-        common = set(parts[0][0])
-        for raw, _ in parts[1:]:
-            common.intersection_update(raw)
-        total = dict.fromkeys(common, 0.0)
-        if not common:
-            return total
-        for raw, weight in parts:
-            values = [raw[n] for n in common]
-            lo, span = min(values), max(values) - min(values)
-            if span <= 0:  # all equal: every node the plug-in's top score
-                for n in common:
-                    total[n] += weight * MAX_NODE_SCORE
-                continue
-            k = weight * MAX_NODE_SCORE / span
-            for n in common:
-                total[n] += k * (raw[n] - lo)
-        return total
+        return weighted_sum(
+            [(memo.scores(s, shape, names, states), w) for s, w in self._scorers(state)]
+        )
 
     def _scorers(self, state: CycleState) -> list[tuple[Scorer, int]]:
         """The score plug-ins with a say on this pod, and their weights. None for a pod
@@ -213,13 +192,9 @@ class Framework:
     def _ranked(
         self, state: CycleState, raw: dict[str, float], snap: Snapshot
     ) -> Mapping[str, Any]:
-        """What the nodes are ranked by: the tier plug-ins' preferences, the first
-        configured compared first, then the summed scores (an ordered comparison: a
-        tier with no say on this pod gives the scores back unchanged)."""
-        ranked: Mapping[str, Any] = raw
-        for tier in reversed(self.profile.tiers):
-            ranked = tier.order(state, ranked, snap)
-        return ranked
+        """What the nodes are ranked by: the tiers in front of the summed scores
+        (plugins/combine.py `tiered`)."""
+        return tiered(self.profile.tiers, state, raw, snap)
 
     def _require_ready(self) -> None:
         ready, why = self.ready()

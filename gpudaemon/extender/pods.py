@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpudaemon.cluster.dra import pod_claim_refs
-from gpudaemon.cluster.podspec import native_pod_group, pod_gang, pod_shape
+from gpudaemon.cluster.podspec import native_pod_group, pod_gang, pod_priority, pod_shape
 from gpudaemon.cluster.state import PodShape
 from gpudaemon.config import DNS1123_SUBDOMAIN
 from gpudaemon.errors import KubeError, KubeNotFoundError
@@ -48,9 +48,7 @@ class RealPod:
     claims: tuple[tuple[str, str], ...] = ()
 
 
-def priority_of(obj: Obj) -> int:
-    v = (obj.get("spec") or {}).get("priority")
-    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+priority_of = pod_priority  # spec.priority (the reserved plug-in reads it too)
 
 
 class PendingPods:

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 from gpudaemon.cluster.checks import Rejection
 from gpudaemon.cluster.clusterstate import ClusterState, Cursor
+from gpudaemon.cluster.plugins.base import NodeFilter
 from gpudaemon.cluster.scoring import MAX_SCORE, Scorer
 from gpudaemon.cluster.state import NodeState, PodShape
-from gpudaemon.extender.plugins.base import NodeFilter
 
 _NEVER = float("-inf")
 _UNSET = object()  # no scores version seen yet

@@ -30,6 +30,7 @@ from gpudaemon import __version__
 from gpudaemon.cluster.clusterstate import ClusterState
 from gpudaemon.cluster.drawatch import dra_informers
 from gpudaemon.cluster.metrics import BadDataCollector, DraCollector
+from gpudaemon.cluster.plugins import build_profile, check_plugins
 from gpudaemon.cluster.policies import build_policies, policy_spec
 from gpudaemon.cluster.reservations import REBALANCER_LEASE, Reservation
 from gpudaemon.cluster.selectors import POD_FORM, POD_SELECTOR, pending_selector
@@ -48,6 +49,7 @@ from gpudaemon.rebalancer.metrics import RebalancerMetrics
 from gpudaemon.rebalancer.passes import Pass
 from gpudaemon.rebalancer.planner import (
     NodeFacts,
+    PlacementHandle,
     PodFacts,
     node_facts,
     pod_facts,
@@ -92,7 +94,9 @@ class Rebalancer:
         self.identity = identity
         self.clock, self.wall = clock, wall
         policy_spec(cfg.extender.policy)  # an unknown policy is one line, exit 2
-        self.policy = build_policies(cfg.extender)[cfg.extender.policy]
+        check_plugins(cfg.extender.plugins)  # so is an unknown plug-in
+        self.policies = build_policies(cfg.extender)
+        self.policy = self.policies[cfg.extender.policy]
         if client is None:
             creds = find_credentials(cfg.kubernetes.kubeconfig, bool(cfg.kubernetes.in_cluster))
             if creds is None:
@@ -133,9 +137,16 @@ class Rebalancer:
             state_key=STATE_ANNOTATION, save=self.state.save, load=self.state.load,
             annotations=self._lease_annotations,
         )  # fmt: skip
+        # Where a pod would land: the extender's own plug-in profile (`extender.plugins`),
+        # built as the extender builds it, so a victim is placed by the extender's rules.
+        ext = cfg.extender
+        handle = PlacementHandle(
+            self.cluster, self.policies, ext.avoid_unhealthy_nodes, ext.prefer_healthy_gpus
+        )
+        self.profile = build_profile(ext.plugins, handle)
         self.passes = Pass(
             self.rb, self.policy, self.metrics, self.actions, self.state, self.elector,
-            self._pending_uids, clock,
+            self._pending_uids, clock, self.profile,
         )  # fmt: skip
         # Set by the Node watch when a GPU newly needs a drain, and by close().
         self.wake = threading.Event()
@@ -266,7 +277,9 @@ class Rebalancer:
             pending = sorted(self.pending.values(), key=lambda p: (-p.priority, p.key))
         snap = self.cluster.snapshot(list(nodes))
         self.passes.cordoned = cordoned(nodes)
-        blocked = self.passes.run(nodes, gpu_states, running, pending, snap.states, snap.fresh)
+        blocked = self.passes.run(
+            nodes, gpu_states, running, pending, snap.states, snap.fresh, snap.degraded
+        )
         self.metrics.blocked.set(blocked)
 
     def ready(self) -> tuple[bool, str]:

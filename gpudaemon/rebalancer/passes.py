@@ -11,11 +11,12 @@ restart forgets it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Mapping, Sequence
 from typing import Any
 
 from loguru import logger
 
+from gpudaemon.cluster.plugins import Profile
 from gpudaemon.cluster.policies.base import Policy
 from gpudaemon.cluster.reservations import Reservation
 from gpudaemon.config import RebalanceConfig
@@ -38,9 +39,10 @@ MAX_BACKOFF_PODS = 10_000
 
 
 class Pass:
-    """What passes share: the settings, the policy, the series, the rate limit and the
-    Lease state; `pending_uids` is read when a reservation is made (the pods still
-    pending then)."""
+    """What passes share: the settings, the policy and the extender's plug-in profile
+    (where a pod would land: planner.Placer), the series, the rate limit and the Lease
+    state; `pending_uids` is read when a reservation is made (the pods still pending
+    then)."""
 
     def __init__(
         self,
@@ -52,8 +54,10 @@ class Pass:
         elector: LeaderElector,
         pending_uids: Callable[[], Container[str]],
         clock: Callable[[], float],
+        profile: Profile | None = None,
     ) -> None:
         self.rb, self.policy, self.metrics, self.actions = rb, policy, metrics, actions
+        self.profile = profile  # None: the default `extender.plugins`
         self.state, self.limits, self.elector = state, state.limits, elector
         self.pending_uids, self.clock = pending_uids, clock
         self.namespaces = frozenset(rb.namespaces)  # empty: every namespace
@@ -74,12 +78,12 @@ class Pass:
     def run(
         self, nodes: Mapping[str, NodeFacts], gpu_states: Mapping[str, list[GpuState]],
         running: Mapping[str, PodFacts], pending: list[PodFacts], states: Mapping[str, Any],
-        fresh: Mapping[str, bool],
+        fresh: Mapping[str, bool], degraded: Collection[str] = frozenset(),
     ) -> int:  # fmt: skip
         """Drain, then at most one defragmentation plan; the pods it wanted to evict
-        but could not."""
+        but could not. `degraded`: the nodes with a free degraded GPU (a tier reads it)."""
         self.blocked_drain = self._drain(gpu_states, running, fresh)
-        self.blocked_defrag = self._defragment(pending, states, fresh, nodes, running)
+        self.blocked_defrag = self._defragment(pending, states, fresh, nodes, running, degraded)
         return self.blocked_drain + self.blocked_defrag
 
     def drain_pass(
@@ -141,6 +145,7 @@ class Pass:
     def _defragment(
         self, pending: list[PodFacts], states: Mapping[str, Any], fresh: Mapping[str, bool],
         nodes: Mapping[str, NodeFacts], running: Mapping[str, PodFacts],
+        degraded: Collection[str] = frozenset(),
     ) -> int:  # fmt: skip
         by_node: dict[str, list[PodFacts]] = {}
         for p in running.values():
@@ -148,7 +153,9 @@ class Pass:
         now = self.clock()
         cooldown = max(2 * self.rb.interval_s, 30.0)  # its evictions still settling
         self.forget_rooms({p.uid for p in pending})
-        placer = Placer(states, fresh, nodes, self.policy, by_node)
+        placer = Placer(
+            states, fresh, nodes, self.policy, by_node, profile=self.profile, degraded=degraded
+        )
         for pod in pending:
             if pod.shape.gpus <= 0 or pod.shape.mig or pod.gang or not pod.unschedulable:
                 continue  # not a pod defragmentation makes room for

@@ -7,23 +7,39 @@ extender sees it (its `NodeState`s, free-GPU count and policies) and of the pods
   fresh; never for `watch` (a degraded GPU);
 - **defragment**: for a pending GPU pod that fits on no node, the fewest evictions on
   one node that make it fit, where every evicted pod fits on another node now (placed
-  by the extender's own policy, one after the other). All or nothing, as KAI-Scheduler's
-  Consolidate: a plan that does not hold is not started.
+  by the extender's own plug-in profile, `extender.plugins`, one after the other). All
+  or nothing, as KAI-Scheduler's Consolidate: a plan that does not hold is not started.
 
 Nothing here calls the API; `app.py` acts on the plans.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import math
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpudaemon.cluster.checks import Rejection
+from gpudaemon.cluster.clusterstate import ClusterState, Snapshot
+from gpudaemon.cluster.plugins import (
+    POD,
+    Cycle,
+    CycleState,
+    NodeFilter,
+    PendingView,
+    Profile,
+    build_profile,
+    tiered,
+    weighted_sum,
+)
 from gpudaemon.cluster.podspec import pod_gang, pod_shape
 from gpudaemon.cluster.policies.base import Policy
-from gpudaemon.cluster.scoring import check_node
+from gpudaemon.cluster.reservations import LeaseReservations
+from gpudaemon.cluster.scoring import ScoreMemo, Scorer
 from gpudaemon.cluster.selectors import unschedulable_since
 from gpudaemon.cluster.state import NodeState, PodShape
+from gpudaemon.config import PluginsConfig
 from gpudaemon.rebalancer.fits import (
     NodeFit,
     PodFit,
@@ -179,14 +195,58 @@ def repellers(
     ]
 
 
+@dataclass
+class PlacementHandle:
+    """The rebalancer's handle for building the extender's plug-in profile
+    (cluster/plugins/base.py `Handle`). `pending` and `reservations` stay None: the
+    plug-ins that read the extender's pending pods and its reading of the rebalancer's
+    Lease (`reserved`, and `gang`'s count of a gang still to place) then have no say,
+    and no placement the rebalancer foresees depends on them: it moves no gang pod and
+    makes room for none, and the room it keeps is for the pod it made it for."""
+
+    cluster: ClusterState
+    policies: dict[str, Policy]
+    avoid_unhealthy: bool = True
+    prefer_healthy_gpus: bool = True
+    pending: PendingView | None = None
+    reservations: LeaseReservations | None = None
+
+
+_DEFAULT: list[Profile] = []
+
+
+def default_profile() -> Profile:
+    """The profile of the default `extender.plugins` (fresh, healthy, gpu_fit; the
+    pod's policy; free GPUs that are not degraded first), for callers that give none."""
+    if not _DEFAULT:
+        _DEFAULT.append(build_profile(PluginsConfig(), PlacementHandle(ClusterState(), {})))
+    return _DEFAULT[0]
+
+
+@dataclass(frozen=True)
+class _Rules:
+    """What the profile makes of one kind of pod: its cycle state, its filters and its
+    scorers with their weights. `own`: a node's rank depends on its own state alone (one
+    score plug-in and no tier with a say), so a node a victim was placed on is scored
+    again alone; otherwise the sum is normalised over the nodes, and they are ranked
+    together again."""
+
+    state: CycleState
+    filters: tuple[NodeFilter, ...]
+    scorers: tuple[tuple[Scorer, int], ...]
+    own: bool
+
+
 class Placer:
-    """Where pods would land now, by the extender's policy, for one pass: for each
+    """Where pods would land now, by the extender's configured plug-ins
+    (`extender.plugins`: its filters in order, its score plug-ins summed with their
+    weights, its tiers compared first; cluster/plugins/), for one pass: for each
     placement signature (shape and what the scheduler's filters read) the hosts are
     checked and ranked once, so trying many plans costs a walk down a sorted list, not
     a score of every node per evicted pod (at 5,000 nodes that was seconds per pending
-    pod). A host passes the extender's GPU check and every filter `fits` can judge:
+    pod). A host passes the profile's filters and every filter `fits` can judge:
     resources against what the node's pods request, selectors, affinity, taints, and
-    other pods' required anti-affinity."""
+    other pods' required anti-affinity. `profile`: None for the default one."""
 
     def __init__(
         self,
@@ -195,12 +255,22 @@ class Placer:
         facts: Mapping[str, NodeFacts],
         policy: Policy,
         running: Mapping[str, Sequence[PodFacts]] | None = None,
+        *,
+        profile: Profile | None = None,
+        degraded: Collection[str] = frozenset(),
     ) -> None:
-        self.states, self.fresh, self.facts, self.policy = states, fresh, facts, policy
+        self.states, self.facts, self.policy = states, facts, policy
+        # Every node named (a filter reads fresh[n]).
+        self.fresh = {n: fresh.get(n, False) for n in states}
         self.running = running or {}
+        self.profile = profile if profile is not None else default_profile()
+        self.degraded = frozenset(degraded)  # nodes with a free degraded GPU
         self._used: dict[str, dict[str, int]] = {}
         self.repellers = repellers(facts, self.running)
-        self._ranked: dict[tuple[Any, ...], list[tuple[float, str]]] = {}
+        self._memo = ScoreMemo(max_shapes=1 << 16)
+        self._rules: dict[PodShape, _Rules] = {}
+        # By signature: the hosts, best first, and what each is ranked by.
+        self._ranked: dict[tuple[Any, ...], tuple[list[str], Mapping[str, Any]]] = {}
         self._refusals: dict[tuple[Any, ...], Refusal | None] = {}
 
     def used(self, node: str) -> dict[str, int]:
@@ -214,12 +284,37 @@ class Placer:
     def excluded(self, pod: PodFacts) -> set[tuple[str, str]]:
         return excluded_domains(pod.fit, self.repellers) if self.repellers else set()
 
+    def rules(self, pod: PodFacts) -> _Rules:
+        """The profile's filters, scorers and tiers for this kind of pod (its shape: the
+        rebalancer's pods are judged by the default policy, and by no reservation)."""
+        got = self._rules.get(pod.shape)
+        if got is None:
+            state = CycleState()
+            state.write(POD, Cycle({}, pod.shape, self.policy, "", 0.0))
+            for p in self.profile.pre_filters:
+                p.pre_filter(state)
+            filters = tuple(c for f in self.profile.filters if (c := f.filter(state)) is not None)
+            scorers = tuple(
+                (s, w) for p, w in self.profile.scores if (s := p.scorer(state)) is not None
+            )
+            say = any(t.has_say(state, bool(self.degraded)) for t in self.profile.tiers)
+            got = _Rules(state, filters, scorers, len(scorers) <= 1 and not say)
+            self._rules[pod.shape] = got
+        return got
+
+    def admits(self, pod: PodFacts, node: str, st: NodeState) -> bool:
+        """The profile's filters pass `pod` on `node` as `st` says it is."""
+        names, states, fresh = [node], {node: st}, {node: self.fresh.get(node, False)}
+        failed: dict[str, Rejection] = {}
+        for run in self.rules(pod).filters:
+            names = run(names, states, fresh, failed)
+        return bool(names)
+
     def _hosts(
-        self, pod: PodFacts, n: str, st: NodeState | None, excluded: set[tuple[str, str]],
+        self, pod: PodFacts, n: str, st: NodeState, excluded: set[tuple[str, str]],
         added: Mapping[str, int] | None = None,
     ) -> bool:  # fmt: skip
-        if st is None or check_node(st, pod.shape, fresh=self.fresh.get(n, False)) is not None:
-            return False
+        """What kube-scheduler's filters say (`fits`), on a node the profile's pass."""
         f = self.facts.get(n)
         if not st.can_host(pod.shape) or f is None or not may_land(pod, f):
             return False
@@ -230,21 +325,48 @@ class Placer:
             used = {r: used.get(r, 0) + added.get(r, 0) for r in {*used, *added}}
         return not insufficient(pod.fit.requests, f.allocatable, used)
 
-    def ranked(self, pod: PodFacts) -> list[tuple[float, str]]:
-        """(-score, node) of every node that can take `pod` now, best first (ties by
-        name: the order the extender's own choice would take)."""
+    def _order(
+        self, rules: _Rules, shape: PodShape, names: list[str],
+        states: Mapping[str, NodeState | None],
+    ) -> tuple[list[str], Mapping[str, Any]]:  # fmt: skip
+        """`names` best first by the profile (ties by name: the order the extender's
+        own choice would take), and what each is ranked by. A node no plug-in could
+        score (a score that orders nothing) comes last."""
+        memo = self._memo
+        parts = [(memo.scores(s, shape, names, states), w) for s, w in rules.scorers]
+        total = weighted_sum(parts) if parts else dict.fromkeys(names, 0.0)
+        snap = Snapshot({n: states.get(n) for n in total}, {}, self.degraded)
+        ranked = tiered(self.profile.tiers, rules.state, total, snap)
+        order = sorted(ranked)
+        order.sort(key=ranked.__getitem__, reverse=True)  # stable: ties stay by name
+        order += sorted(n for n in names if n not in ranked)
+        return order, ranked
+
+    def _sig(self, pod: PodFacts) -> tuple[Any, ...]:
         labels = (pod.fit.namespace, tuple(sorted(pod.fit.labels.items())))
-        sig = (pod.shape, pod.fit.signature, labels if self.repellers else None)
-        out = self._ranked.get(sig)
-        if out is None:
+        return (pod.shape, pod.fit.signature, labels if self.repellers else None)
+
+    def _ranking(self, pod: PodFacts) -> tuple[list[str], Mapping[str, Any]]:
+        sig = self._sig(pod)
+        got = self._ranked.get(sig)
+        if got is None:
+            rules = self.rules(pod)
             excluded = self.excluded(pod)
-            out = sorted(
-                (-self.policy.raw_score(st, pod.shape), n)
-                for n, st in self.states.items()
-                if st is not None and self._hosts(pod, n, st, excluded)
-            )
-            self._ranked[sig] = out
-        return out
+            names = [n for n, st in self.states.items() if st is not None]
+            failed: dict[str, Rejection] = {}
+            for run in rules.filters:  # in order, each on what the ones before passed
+                names = run(names, self.states, self.fresh, failed)
+            hosts = []
+            for n in names:
+                st = self.states[n]
+                if st is not None and self._hosts(pod, n, st, excluded):
+                    hosts.append(n)
+            got = self._ranked[sig] = self._order(rules, pod.shape, hosts, self.states)
+        return got
+
+    def ranked(self, pod: PodFacts) -> list[str]:
+        """Every node that can take `pod` now, best first by the profile."""
+        return self._ranking(pod)[0]
 
     def fits_now(self, pod: PodFacts) -> bool:
         return bool(self.ranked(pod))
@@ -257,8 +379,7 @@ class Placer:
         if pending.cannot_judge:
             return Refusal("cannot_judge", "cannot tell whether the scheduler would place "
                            f"it: {pending.cannot_judge}")  # fmt: skip
-        labels = (pending.fit.namespace, tuple(sorted(pending.fit.labels.items())))
-        sig = (pending.shape, pending.fit.signature, labels if self.repellers else None)
+        sig = self._sig(pending)
         if sig not in self._refusals:
             self._refusals[sig] = self._never_fits(pending)
         return self._refusals[sig]
@@ -288,27 +409,30 @@ class Placer:
                        f"({detail or 'no nodes'})")  # fmt: skip
 
     def elsewhere(self, victims: Sequence[PodFacts], source: str) -> list[str] | None:
-        """Where each victim would go now (by the policy, one after the other), or
+        """Where each victim would go now (by the profile, one after the other), or
         None if one fits nowhere but the node it leaves. Nodes a victim was placed on
-        are scored again as they now are; the others keep their rank."""
+        are judged again as they now are; when each node's rank is its own, the others
+        keep theirs, else the nodes are ranked together again."""
         changed: dict[str, NodeState] = {}
         added: dict[str, dict[str, int]] = {}
         targets = []
         for v in victims:
-            best: tuple[float, str] | None = None
-            for entry in self.ranked(v):
-                if entry[1] != source and entry[1] not in changed:
-                    best = entry  # the best node nobody has been placed on yet
-                    break
+            rules = self.rules(v)
+            order, keys = self._ranking(v)
             excluded = self.excluded(v) if changed else set()
-            for n, st in changed.items():
-                if self._hosts(v, n, st, excluded, added[n]):
-                    cand = (-self.policy.raw_score(st, v.shape), n)
-                    if best is None or cand < best:
-                        best = cand
-            if best is None:
+            placed = [
+                n for n, st in changed.items()
+                if self.admits(v, n, st) and self._hosts(v, n, st, excluded, added[n])
+            ]  # fmt: skip
+            if rules.own:
+                chosen = self._best_own(rules, v, order, keys, placed, changed, source)
+            else:
+                rest = [n for n in order if n != source and n not in changed]
+                view = {**self.states, **changed}
+                again = self._order(rules, v.shape, rest + placed, view)[0]
+                chosen = again[0] if again else None
+            if chosen is None:
                 return None
-            chosen = best[1]
             base = changed.get(chosen) or self.states[chosen]
             assert base is not None
             changed[chosen] = base.with_placed(v.shape)
@@ -317,6 +441,32 @@ class Placer:
                 extra[r] = extra.get(r, 0) + q
             targets.append(chosen)
         return targets
+
+    def _best_own(
+        self, rules: _Rules, v: PodFacts, order: list[str], keys: Mapping[str, Any],
+        placed: list[str], changed: Mapping[str, NodeState], source: str,
+    ) -> str | None:  # fmt: skip
+        """The best node for `v` when each node's rank is its own: the best one nobody
+        has been placed on yet, or a node placed on, scored again as it now is."""
+        best: tuple[float, str] | None = None
+        for n in order:
+            if n != source and n not in changed:
+                best = (-keys.get(n, -math.inf), n)
+                break
+        for n in placed:
+            cand = (-_own_score(rules, changed[n], v.shape), n)
+            if best is None or cand < best:
+                best = cand
+        return best[1] if best is not None else None
+
+
+def _own_score(rules: _Rules, st: NodeState, shape: PodShape) -> float:
+    """A node's score when its rank is its own (`_Rules.own`): the one scorer's raw
+    score (one that orders nothing ranks last), 0 with none."""
+    if not rules.scorers:
+        return 0.0
+    raw = rules.scorers[0][0].raw_score(st, shape)
+    return raw if math.isfinite(raw) else -math.inf
 
 
 def defragment(
@@ -340,7 +490,7 @@ def defragment(
     excluded = placer.excluded(pending)
     # Each node's victims do not depend on where they go: rank the nodes by what their
     # plan would cost, then the first whose victims all fit elsewhere is the cheapest.
-    candidates: list[tuple[tuple[int, int, str], tuple[PodFacts, ...]]] = []
+    candidates: list[tuple[tuple[int, int, str], tuple[PodFacts, ...], NodeState]] = []
     for node, st in states.items():
         f = facts.get(node)
         if st is None or not fresh.get(node, False) or not may_land(pending, f):
@@ -348,9 +498,8 @@ def defragment(
         assert f is not None
         if in_domains(f, excluded):
             continue
-        why = check_node(st, PodShape(0), fresh=True)
-        if why is not None or st.gpus_allocatable - st.gpus_unhealthy < pending.shape.gpus:
-            continue  # no agent, stale or sick, or too small even when empty
+        if st.gpus_allocatable - st.gpus_unhealthy < pending.shape.gpus:
+            continue  # too small even when empty
         need = pending.shape.gpus - st.gpus_free
         movable = sorted(
             (
@@ -370,11 +519,14 @@ def defragment(
             victims.append(p)
         if sum(v.shape.gpus for v in victims) < need:
             continue
-        if not _without(st, victims).can_host(pending.shape):
+        emptied = _without(st, victims)
+        if not emptied.can_host(pending.shape):
             continue  # the GPUs would be free, but not the CPU or memory
         cost = (len(victims), sum(v.shape.gpus for v in victims), node)
-        candidates.append((cost, tuple(victims)))
-    for (_, _, node), victims_t in sorted(candidates, key=lambda c: c[0]):
+        candidates.append((cost, tuple(victims), emptied))
+    for (_, _, node), victims_t, emptied in sorted(candidates, key=lambda c: c[0]):
+        if not placer.admits(pending, node, emptied):
+            continue  # the profile's filters turn it away (no agent, a sick GPU, ...)
         left = dict(placer.used(node))
         for r, q in used_by(v.fit for v in victims_t).items():
             left[r] = left.get(r, 0) - q

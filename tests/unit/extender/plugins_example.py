@@ -4,9 +4,9 @@ here the test registers it): least busy GPUs first."""
 
 from __future__ import annotations
 
+from gpudaemon.cluster.plugins import NodeScore, PluginSpec
 from gpudaemon.cluster.policies.base import utilization
 from gpudaemon.cluster.state import NodeState, PodShape
-from gpudaemon.extender.plugins import NodeScore, PluginSpec
 
 
 class LeastBusy(NodeScore):

@@ -21,12 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from gpudaemon.cluster.checks import check_node
 from gpudaemon.cluster.clusterstate import ClusterState
-from gpudaemon.cluster.state import NodeState, PodShape
-from gpudaemon.config import Config, PluginsConfig, load_config
-from gpudaemon.errors import ConfigError
-from gpudaemon.extender.api import ExtenderApi
-from gpudaemon.extender.app import Extender, make_policies
-from gpudaemon.extender.plugins import (
+from gpudaemon.cluster.plugins import (
     BUILT_IN,
     POD,
     Cycle,
@@ -41,6 +36,11 @@ from gpudaemon.extender.plugins import (
     registered,
     unregister,
 )
+from gpudaemon.cluster.state import NodeState, PodShape
+from gpudaemon.config import Config, PluginsConfig, load_config
+from gpudaemon.errors import ConfigError
+from gpudaemon.extender.api import ExtenderApi
+from gpudaemon.extender.app import Extender, make_policies
 from tests.clock import FakeClock
 from tests.support import run_cli
 from tests.unit.extender import plugins_example
@@ -299,7 +299,7 @@ def test_importing_the_plugin_modules_changes_no_registry() -> None:
     """The table in registry.py is the one list: a plug-in module defines its SPEC and
     makes no call at import (no `register(...)`), and every module's SPEC is in the
     table."""
-    import gpudaemon.extender.plugins as package
+    import gpudaemon.cluster.plugins as package
 
     before = registered()
     specs = []

@@ -5,7 +5,7 @@ includes it."""
 from __future__ import annotations
 
 from gpudaemon.cluster.clusterstate import ClusterState
-from gpudaemon.extender.plugins.base import POD, CycleState, Handle, PluginSpec
+from gpudaemon.cluster.plugins.base import POD, CycleState, Handle, PluginSpec
 
 
 class Assume:

@@ -12,9 +12,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from gpudaemon.cluster.clusterstate import Snapshot
+from gpudaemon.cluster.plugins.base import POD, CycleState, Handle, PluginSpec
 from gpudaemon.cluster.scoring import prefer_healthy
 from gpudaemon.config.values import Switch
-from gpudaemon.extender.plugins.base import POD, CycleState, Handle, PluginSpec
 
 
 class HealthyGpusArgs(BaseModel):

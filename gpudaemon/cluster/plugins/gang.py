@@ -10,9 +10,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpudaemon.cluster.clusterstate import ClusterState, Snapshot
+from gpudaemon.cluster.plugins.base import (
+    POD,
+    CycleState,
+    Handle,
+    PendingView,
+    PluginSpec,
+    StateKey,
+)
 from gpudaemon.cluster.scoring import Gang, gang_scores
-from gpudaemon.extender.plugins.base import POD, CycleState, Handle, PluginSpec, StateKey
-from gpudaemon.extender.pods import PendingPods
 
 GANG: StateKey[Gang] = StateKey("gang")
 
@@ -20,7 +26,7 @@ GANG: StateKey[Gang] = StateKey("gang")
 class GangTiers:
     name = "gang"
 
-    def __init__(self, cluster: ClusterState, pending: PendingPods | None) -> None:
+    def __init__(self, cluster: ClusterState, pending: PendingView | None) -> None:
         self.cluster = cluster
         self.pending = pending
 

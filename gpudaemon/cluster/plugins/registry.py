@@ -1,4 +1,5 @@
-"""The one table of the extender's plug-ins, and building a profile from the config.
+"""The one table of the plug-ins, and building a profile from the config (the
+extender's and the rebalancer's, from the same `extender.plugins`).
 
 As kube-scheduler's `pkg/scheduler/framework/plugins/registry.go`: every built-in
 plug-in is listed here by name, explicitly, and nothing adds itself on import (a
@@ -16,10 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpudaemon.cluster.policies import known_policies
-from gpudaemon.config import PluginsConfig
-from gpudaemon.errors import ConfigError
-from gpudaemon.extender.plugins import (
+from gpudaemon.cluster.plugins import (
     assume,
     fresh,
     gang,
@@ -29,7 +27,7 @@ from gpudaemon.extender.plugins import (
     policy,
     reserved,
 )
-from gpudaemon.extender.plugins.base import (
+from gpudaemon.cluster.plugins.base import (
     KINDS,
     FilterPlugin,
     Handle,
@@ -40,6 +38,9 @@ from gpudaemon.extender.plugins.base import (
     ScorePlugin,
     TierPlugin,
 )
+from gpudaemon.cluster.policies import known_policies
+from gpudaemon.config import PluginsConfig
+from gpudaemon.errors import ConfigError
 
 BUILT_IN: tuple[PluginSpec, ...] = (
     fresh.SPEC,
@@ -142,8 +143,8 @@ def _args(spec: PluginSpec, given: Mapping[str, Any], handle: Handle | None) -> 
 
 def check_plugins(cfg: PluginsConfig) -> None:
     """Every name in `extender.plugins` is registered and every plug-in's arguments
-    are valid: a ConfigError naming the known ones otherwise (the extender checks at
-    start, before any API call)."""
+    are valid: a ConfigError naming the known ones otherwise (the extender and the
+    rebalancer check at start, before any API call)."""
     specs = {}
     for kind, name in _enabled(cfg):
         specs[name] = plugin_spec(kind, name)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpudaemon.cluster.checks import Rejection, gpu_fit
+from gpudaemon.cluster.plugins.base import POD, CycleState, Handle, NodeFilter, PluginSpec
 from gpudaemon.cluster.state import NodeState
-from gpudaemon.extender.plugins.base import POD, CycleState, Handle, NodeFilter, PluginSpec
 
 
 class GpuFit:

@@ -9,18 +9,19 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from gpudaemon.cluster.checks import Rejection
-from gpudaemon.cluster.reservations import LeaseReservations, Reservation, held_on
-from gpudaemon.cluster.state import NodeState, PodShape
-from gpudaemon.extender.plugins.base import (
+from gpudaemon.cluster.plugins.base import (
     POD,
     CycleState,
     Handle,
     NodeFilter,
+    PendingView,
     PluginSpec,
     StateKey,
     per_node,
 )
-from gpudaemon.extender.pods import PendingPods, priority_of
+from gpudaemon.cluster.podspec import pod_priority
+from gpudaemon.cluster.reservations import LeaseReservations, Reservation, held_on
+from gpudaemon.cluster.state import NodeState, PodShape
 
 
 class Kept(NamedTuple):
@@ -34,7 +35,7 @@ KEPT: StateKey[Kept] = StateKey("reserved")
 class Reserved:
     name = "reserved"
 
-    def __init__(self, pending: PendingPods | None, reservations: LeaseReservations | None):
+    def __init__(self, pending: PendingView | None, reservations: LeaseReservations | None):
         self.pending = pending
         self.reservations = reservations
 
@@ -49,7 +50,7 @@ class Reserved:
             return
         uid = cycle.uid
         known = pending.get(uid) if uid else None
-        priority = known.priority if known is not None else priority_of(cycle.pod)
+        priority = known.priority if known is not None else pod_priority(cycle.pod)
         state.write(KEPT, Kept(kept, priority))
 
     def filter(self, state: CycleState) -> NodeFilter | None:
@@ -70,7 +71,7 @@ class Reserved:
 
 
 def kept_for_another(
-    pending: PendingPods,
+    pending: PendingView,
     here: Sequence[Reservation],
     st: NodeState | None,
     shape: PodShape,

@@ -1,10 +1,13 @@
-"""The extender's PreFilter, filter, score, tier and reserve plug-ins: one module each
-(base.py has the interfaces and the cycle state; registry.py lists every plug-in by
-name in one table). `extender.plugins` in the config enables them by name."""
+"""The PreFilter, filter, score, tier and reserve plug-ins: one module each (base.py
+has the interfaces and the cycle state; registry.py lists every plug-in by name in one
+table; combine.py sums the scores with their weights and puts the tiers in front).
+`extender.plugins` in the config enables them by name. The extender runs the whole
+profile per request; the rebalancer runs its filters, scores and tiers to foresee
+where the extender would place a pod (rebalancer/planner.py `Placer`)."""
 
 from __future__ import annotations
 
-from gpudaemon.extender.plugins.base import (
+from gpudaemon.cluster.plugins.base import (
     KINDS,
     MAX_NODE_SCORE,
     POD,
@@ -17,6 +20,8 @@ from gpudaemon.extender.plugins.base import (
     NodeCheck,
     NodeFilter,
     NodeScore,
+    PendingPod,
+    PendingView,
     PluginSpec,
     PreFilterPlugin,
     RealPod,
@@ -26,7 +31,8 @@ from gpudaemon.extender.plugins.base import (
     TierPlugin,
     per_node,
 )
-from gpudaemon.extender.plugins.registry import (
+from gpudaemon.cluster.plugins.combine import tiered, weighted_sum
+from gpudaemon.cluster.plugins.registry import (
     BUILT_IN,
     Profile,
     UnknownPluginError,
@@ -53,6 +59,8 @@ __all__ = [
     "NodeCheck",
     "NodeFilter",
     "NodeScore",
+    "PendingPod",
+    "PendingView",
     "PluginSpec",
     "PreFilterPlugin",
     "Profile",
@@ -69,5 +77,7 @@ __all__ = [
     "plugin_spec",
     "register",
     "registered",
+    "tiered",
     "unregister",
+    "weighted_sum",
 ]

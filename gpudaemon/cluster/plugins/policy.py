@@ -6,9 +6,9 @@ every pod by that policy, whatever the pod's annotation says."""
 
 from __future__ import annotations
 
+from gpudaemon.cluster.plugins.base import POD, CycleState, Handle, PluginSpec
 from gpudaemon.cluster.policies.base import Policy
 from gpudaemon.cluster.scoring import Scorer
-from gpudaemon.extender.plugins.base import POD, CycleState, Handle, PluginSpec
 
 
 class PodPolicy:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpudaemon.cluster.checks import Rejection, agent_data
+from gpudaemon.cluster.plugins.base import CycleState, Handle, NodeFilter, PluginSpec
 from gpudaemon.cluster.state import NodeState
-from gpudaemon.extender.plugins.base import CycleState, Handle, NodeFilter, PluginSpec
 
 
 def fresh_nodes(

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from pydantic import BaseModel, ConfigDict
 
 from gpudaemon.cluster.checks import Rejection, healthy
+from gpudaemon.cluster.plugins.base import CycleState, Handle, NodeFilter, PluginSpec
 from gpudaemon.cluster.state import NodeState
 from gpudaemon.config.values import Switch
-from gpudaemon.extender.plugins.base import CycleState, Handle, NodeFilter, PluginSpec
 
 
 def healthy_nodes(

@@ -1,9 +1,11 @@
 """The plug-in interfaces, the cycle state they share and a plug-in's description.
 
-As kube-scheduler's framework: a plug-in is one module under `extender/plugins/`
+As kube-scheduler's framework: a plug-in is one module under `cluster/plugins/`
 with a class that implements one or more extension points, and a `PluginSpec` naming
 it, its kind, its arguments and a one-line summary. `registry.py` lists every spec in
-one table; the `extender.plugins` config section enables plug-ins by name, in order.
+one table; the `extender.plugins` config section enables plug-ins by name, in order,
+for the extender (extender/framework.py) and for the rebalancer's placement
+(rebalancer/planner.py `Placer`), so both place a pod by the same rules.
 
 - **PreFilter**: `pre_filter(state)`, once per request, before anything else, for every
   enabled plug-in that has it: what the later steps need of the pod, computed once and
@@ -31,7 +33,7 @@ handle gives from the older top-level keys (`avoid_unhealthy_nodes`, ...).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
@@ -43,7 +45,6 @@ from gpudaemon.cluster.policies.base import Policy
 from gpudaemon.cluster.reservations import LeaseReservations
 from gpudaemon.cluster.scoring import Scorer
 from gpudaemon.cluster.state import NodeState, PodShape
-from gpudaemon.extender.pods import PendingPods
 
 Kind = Literal["filter", "score", "tier", "reserve"]
 KINDS: tuple[Kind, ...] = ("filter", "score", "tier", "reserve")
@@ -119,16 +120,52 @@ class Cycle:
 POD: StateKey[Cycle] = StateKey("pod")
 
 
-class Handle(Protocol):
-    """What a plug-in's factory may use: the framework's shared state, and the older
-    top-level keys that give plug-ins their default arguments."""
+class PendingPod(Protocol):
+    """A pending pod as the program that keeps them knows it (the extender's
+    `extender.pods.RealPod`)."""
 
-    cluster: ClusterState
-    policies: dict[str, Policy]
-    avoid_unhealthy: bool
-    prefer_healthy_gpus: bool
-    pending: PendingPods | None
-    reservations: LeaseReservations | None
+    @property
+    def uid(self) -> str: ...
+
+    @property
+    def shape(self) -> PodShape: ...
+
+    @property
+    def priority(self) -> int: ...
+
+
+class PendingView(Protocol):
+    """The pending pods of this scheduler, by UID and by gang (the extender's
+    `extender.pods.PendingPods`, fed by its verifier's watch)."""
+
+    def get(self, uid: str) -> PendingPod | None: ...
+
+    def gang_members(self, gang: str) -> Sequence[PendingPod]: ...
+
+
+class Handle(Protocol):
+    """What a plug-in's factory may use: the program's shared state, and the older
+    top-level keys that give plug-ins their default arguments. `pending` and
+    `reservations` are the extender's (None elsewhere: the plug-ins that read them
+    then have no say)."""
+
+    @property
+    def cluster(self) -> ClusterState: ...
+
+    @property
+    def policies(self) -> dict[str, Policy]: ...
+
+    @property
+    def avoid_unhealthy(self) -> bool: ...
+
+    @property
+    def prefer_healthy_gpus(self) -> bool: ...
+
+    @property
+    def pending(self) -> PendingView | None: ...
+
+    @property
+    def reservations(self) -> LeaseReservations | None: ...
 
 
 # (the node's state, None when unknown; whether its agent data is fresh) -> why not
@@ -254,6 +291,8 @@ __all__ = [
     "NodeCheck",
     "NodeFilter",
     "NodeScore",
+    "PendingPod",
+    "PendingView",
     "PluginSpec",
     "PreFilterPlugin",
     "RealPod",
