@@ -32,8 +32,10 @@ Configurations (all percentageOfNodesToScore: 100, one kube-scheduler process ea
   fragmentation  the same with extender.policy: fragmentation
   *-hami         (on request) binpack/fragmentation with extender.candidates: 1 and
                  NodeResourcesFit MostAllocated scoring the pods asking for no GPU
-  fragmentation-all  (on request) extender.score_gpuless_pods: the policy also ranks
+  fragmentation-all  (on request) extender.gpuless_pods: policy: the policy also ranks
                  the pods asking for no GPU (the shipped profile sends it every pod)
+  *-random       (on request) extender.gpuless_pods: random: a pod asking for no GPU
+                 scores 0 everywhere (the default before full_nodes_first)
   fragmentation-gpuonly  (on request) managedResources: nvidia.com/gpu, the profile as
                  shipped before issue 40: only GPU pods reach the extender
   fragmentation-model  extender.policy: fragmentation-model, the shipped default (per
@@ -101,13 +103,16 @@ CONFIGS = ("default", "mostallocated", "binpack", "fragmentation", "fragmentatio
 # Variants, run on request. -hami: in-tree MostAllocated scores the pods asking for no
 # GPU (the extender leaves them neutral), and the extender's filter returns only its
 # best node (HAMi style). -all: the policy also ranks pods with no GPU
-# (score_gpuless_pods). -gpuonly: managedResources, so pods with no GPU never reach the
-# extender (on kube-scheduler 1.35+ they then take the first feasible node: issue 40).
+# (gpuless_pods: policy); -random: they score 0 everywhere. -gpuonly:
+# managedResources, so pods with no GPU never reach the extender (on kube-scheduler
+# 1.35+ they then take the first feasible node: issue 40).
 VARIANTS = (
     "binpack-hami",
     "fragmentation-hami",
     "fragmentation-all",
     "fragmentation-gpuonly",
+    "fragmentation-random",
+    "fragmentation-model-random",
 )
 MOST_ALLOCATED = {
     "name": "NodeResourcesFit",
@@ -435,14 +440,16 @@ class Processes:
 
     def extender(self, config: str, label: str) -> str:
         port = free_port()
-        policy, _, variant = config.partition("-")
+        policy, *variants = config.split("-")
         ext: dict[str, object] = {"listen": f"127.0.0.1:{port}", "policy": policy}
-        if variant == "hami":
+        if "hami" in variants:
             ext["candidates"] = 1  # the pick alone
-        if variant == "all":
-            ext["score_gpuless_pods"] = True
-        if variant == "model":
-            ext["policy"] = config  # the model-aware policy, its own plug-in
+        if "all" in variants:
+            ext["gpuless_pods"] = "policy"
+        if "random" in variants:
+            ext["gpuless_pods"] = "random"
+        if "model" in variants:
+            ext["policy"] = "fragmentation-model"  # the model-aware policy, its own plug-in
         cfg = {
             "extender": ext,
             "kubernetes": {"kubeconfig": str(self.cp.admin_kubeconfig)},

@@ -3,7 +3,7 @@ the model `gpudaemon extender` validates, is in programs.py."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
@@ -128,11 +128,13 @@ class ExtenderConfig(_Section):
     # would have to use a degraded GPU, before any policy or plug-in order.
     prefer_healthy_gpus: Switch = True
     # A pod asking for no GPU, which reaches the extender because the chart's profile
-    # sends it every pod. false: every node scores 0 for it, and
-    # kube-scheduler places it at random among the nodes that fit. true: a policy that
-    # judges such pods (fragmentation: where their CPU and memory strand fewest GPUs)
-    # ranks them; compared on the openb trace in docs/benchmarks.md.
-    score_gpuless_pods: Switch = False
+    # sends it every pod. full_nodes_first: the nodes where its CPU and memory can
+    # strand no GPU (every GPU taken, or none at all) score 10, the others 0, and
+    # kube-scheduler draws at random within each (docs/scheduler.md, "Pods asking for
+    # no GPU"). random: every node scores 0. policy: a policy that judges such pods
+    # (fragmentation: where their CPU and memory strand fewest GPUs) ranks them.
+    # Compared on the openb trace in docs/benchmarks.md.
+    gpuless_pods: Literal["full_nodes_first", "random", "policy"] = "full_nodes_first"
     # How long a pod ranked best for a node is counted there before its binding shows
     # up in the watch. Longer than any bind; short enough that a pod that went elsewhere
     # unseen does not hide capacity for long.

@@ -98,7 +98,7 @@ class ExtenderApi:
         *,
         avoid_unhealthy: bool = True,
         prefer_healthy_gpus: bool = True,
-        score_gpuless_pods: bool = False,
+        gpuless_pods: str = "full_nodes_first",
         candidates: int = 0,
         observe: Callable[[str, PodShape], None] | None = None,
         verifier: PodVerifier | None = None,
@@ -115,7 +115,7 @@ class ExtenderApi:
             lambda: self.ready(),  # read at each request: the wiring may swap it
             avoid_unhealthy=avoid_unhealthy,
             prefer_healthy_gpus=prefer_healthy_gpus,
-            score_gpuless_pods=score_gpuless_pods,
+            gpuless_pods=gpuless_pods,
             candidates=candidates,
             observe=observe,
             verifier=verifier,

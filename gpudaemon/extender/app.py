@@ -150,7 +150,7 @@ class Extender:
             self.ready,
             avoid_unhealthy=ext.avoid_unhealthy_nodes,
             prefer_healthy_gpus=ext.prefer_healthy_gpus,
-            score_gpuless_pods=ext.score_gpuless_pods,
+            gpuless_pods=ext.gpuless_pods,
             candidates=ext.candidates,
             verifier=self.verifier,
             reservations=self.reservations,

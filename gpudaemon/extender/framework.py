@@ -40,6 +40,7 @@ from gpudaemon.cluster.reservations import LeaseReservations
 from gpudaemon.cluster.scoring import MAX_SCORE, Rejection, ScoreMemo, Scorer, best_nodes, rank
 from gpudaemon.cluster.state import NodeState, PodShape
 from gpudaemon.config import PluginsConfig
+from gpudaemon.extender.gpuless import FullNodesFirst
 from gpudaemon.extender.metrics import ExtenderMetrics
 from gpudaemon.extender.pods import PodVerifier
 from gpudaemon.extender.verdicts import VerdictTable, VerdictTables
@@ -82,7 +83,7 @@ class Framework:
         *,
         avoid_unhealthy: bool = True,
         prefer_healthy_gpus: bool = True,
-        score_gpuless_pods: bool = False,
+        gpuless_pods: str = "full_nodes_first",
         candidates: int = 0,
         observe: Callable[[str, PodShape], None] | None = None,
         verifier: PodVerifier | None = None,
@@ -98,7 +99,8 @@ class Framework:
         self.ready = ready
         self.avoid_unhealthy = avoid_unhealthy
         self.prefer_healthy_gpus = prefer_healthy_gpus
-        self.score_gpuless_pods = score_gpuless_pods
+        self.gpuless_pods = gpuless_pods  # extender.gpuless_pods
+        self._gpuless = FullNodesFirst(cluster)
         self.candidates = candidates
         self.observe = observe
         # None trusts the body's pod (in-process tests and benchmarks only): the
@@ -183,9 +185,9 @@ class Framework:
 
     def _scorers(self, state: CycleState) -> list[tuple[Scorer, int]]:
         """The score plug-ins with a say on this pod, and their weights. None for a pod
-        asking for no GPU unless `score_gpuless_pods`: it is then neutral everywhere and
-        kube-scheduler picks among the nodes at random (issue 40)."""
-        if not (state.read(POD).shape.wants_gpus or self.score_gpuless_pods):
+        asking for no GPU unless `gpuless_pods: policy`: `score` ranks it by the GPUs
+        its node has free, or not at all (issue 40)."""
+        if not (state.read(POD).shape.wants_gpus or self.gpuless_pods == "policy"):
             return []
         return [(s, w) for p, w in self.profile.scores if (s := p.scorer(state)) is not None]
 
@@ -337,8 +339,10 @@ class Framework:
             return [(n, 0) for n in names]
         state = CycleState()
         state.write(POD, Cycle(pod, shape, policy, "", 0.0))
-        if not self._scorers(state):  # no plug-in has a say on this pod: neutral
-            return [(n, 0) for n in names]
+        if not self._scorers(state):  # no plug-in has a say on this pod
+            if not shape.wants_gpus and self.gpuless_pods == "full_nodes_first":
+                return self._gpuless.scores(names)
+            return [(n, 0) for n in names]  # neutral: kube-scheduler draws at random
         self._require_ready()
         real = self._real_pod(pod, shape)
         state = self._cycle(pod, shape, policy, real)

@@ -1,5 +1,5 @@
 """The HTTP layer: upstream wire format in both key cases, 400s with reasons, no-GPU
-pods passed through (neutral unless `score_gpuless_pods`), assumptions under
+pods passed through and ranked by `gpuless_pods`, assumptions under
 concurrency."""
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from gpudaemon.cluster.clusterstate import ClusterState
 from gpudaemon.cluster.policies import BinPack, Spread
 from gpudaemon.cluster.policies.fragmentation import Fragmentation, Workload
 from gpudaemon.cluster.scoring import best_nodes, check_node, to_levels
-from gpudaemon.cluster.state import PodShape
+from gpudaemon.cluster.state import NodeState, PodShape
 from gpudaemon.extender.api import ExtenderApi
+from gpudaemon.extender.gpuless import strands_no_gpu
 from tests.clock import FakeClock
 from tests.unit.extender.test_cluster import lease_obj, node_obj, pod_obj
 
@@ -130,35 +131,61 @@ def test_pod_annotation_picks_the_policy() -> None:
     assert max(res, key=lambda h: h["Score"])["Host"] == "c"
 
 
-def test_pod_without_gpus_passes_through_neutrally() -> None:
+def test_pod_without_gpus_passes_every_filter_and_is_ranked_only_by_free_gpus() -> None:
     api, _, _ = make_api()
     _, f = call(api, "/filter", json.dumps({"Pod": pod("p", 0), "NodeNames": NAMES}).encode())
     assert f["NodeNames"] == NAMES and f["FailedNodes"] == {}
     _, p = call(api, "/prioritize", json.dumps({"Pod": pod("p", 0), "NodeNames": NAMES}).encode())
-    assert {h["Score"] for h in p} == {0}
+    # Stale ("old"), unhealthy ("sick") and unknown nodes are not the filter's business
+    # for such a pod; only "ghost" (no GPU the caches know) strands none.
+    assert {h["Host"]: h["Score"] for h in p} == {
+        "a": 0, "b": 0, "c": 0, "sick": 0, "old": 0, "ghost": 10,
+    }  # fmt: skip
 
 
-@pytest.mark.parametrize("score_gpuless_pods", [False, True])
-def test_a_pod_without_gpus_is_neutral_even_under_fragmentation_unless_switched_on(
-    score_gpuless_pods: bool,
-) -> None:
-    """Issue 40: the shipped profile sends every pod, and a pod asking for no GPU gets 0
-    on every node (kube-scheduler then draws among them at random) even under a policy
-    that could rank it; `score_gpuless_pods` lets that policy rank it instead."""
+@pytest.mark.parametrize("mode", ["full_nodes_first", "random", "policy"])
+def test_a_pod_without_gpus_scores_by_the_gpus_it_could_strand(mode: str) -> None:
+    """Issue 40: the shipped profile sends every pod, and the filter passes a pod asking
+    for no GPU everywhere. `full_nodes_first` (the default) scores 10 where its CPU and
+    memory strand no GPU (c: every GPU taken; ghost: no GPU the caches know) and 0
+    beside free GPUs; `random` scores 0 everywhere (kube-scheduler draws); `policy` lets
+    a policy that ranks such pods (fragmentation) pick one node."""
     _, c, _ = make_api()
+    c.replace_pods([pod_obj("x1", "a", 6), pod_obj("x2", "b", 2), pod_obj("x3", "c", 8)])
     api = ExtenderApi(
         c, {"fragmentation": Fragmentation()}, "fragmentation", CollectorRegistry(),
-        lambda: (True, "ok"), score_gpuless_pods=score_gpuless_pods,
+        lambda: (True, "ok"), gpuless_pods=mode,
     )  # fmt: skip
-    names = ["a", "b", "c"]
+    names = ["a", "b", "c", "ghost"]
     _, f = call(api, "/filter", json.dumps({"Pod": pod("p", 0), "NodeNames": names}).encode())
     assert f["NodeNames"] == names
     _, res = call(api, "/prioritize", json.dumps({"Pod": pod("p", 0), "NodeNames": names}).encode())
     scores = {h["Host"]: h["Score"] for h in res}
-    if score_gpuless_pods:
-        assert max(scores.values()) == 10, scores  # the policy's pick
-    else:
+    # A GPU pod is ranked as before in every mode: c has no free GPU for it.
+    _, res = call(api, "/prioritize", json.dumps({"Pod": pod("g", 1), "NodeNames": names}).encode())
+    assert {h["Host"]: h["Score"] for h in res}["c"] == 0
+    if mode == "full_nodes_first":
+        assert scores == {"a": 0, "b": 0, "c": 10, "ghost": 10}
+        # Kept between requests, and brought up to date: a's last GPUs taken, c's freed.
+        c.replace_pods([pod_obj("x1", "a", 8), pod_obj("x2", "b", 2)])
+        body = json.dumps({"Pod": pod("q", 0), "NodeNames": names}).encode()
+        _, res = call(api, "/prioritize", body)
+        assert {h["Host"]: h["Score"] for h in res} == {"a": 10, "b": 0, "c": 0, "ghost": 10}
+    elif mode == "random":
         assert scores == dict.fromkeys(names, 0)
+    else:
+        assert sorted(scores.values()).count(10) == 1, scores  # the policy's pick
+
+
+def test_a_free_mig_device_is_a_gpu_a_gpuless_pod_could_strand() -> None:
+    full = NodeState("full", gpus_allocatable=8, gpus_requested=8)
+    mig = NodeState("mig", mig_allocatable=(("1g.10gb", 7),), mig_requested=(("1g.10gb", 6),))
+    mig_taken = NodeState("m2", mig_allocatable=(("1g.10gb", 7),), mig_requested=(("1g.10gb", 7),))
+    free = NodeState("free", gpus_allocatable=8, gpus_requested=7)
+    sick = NodeState("sick", gpus_allocatable=8, gpus_requested=7, gpus_unhealthy=1)
+    assert [strands_no_gpu(n) for n in (full, mig, mig_taken, free, sick, None)] == [
+        True, False, True, False, True, True,
+    ]  # fmt: skip
 
 
 def test_one_candidate_returns_the_pick_alone_and_assumes_it() -> None:
