@@ -1,7 +1,7 @@
 """The extender with the real kube-scheduler: pods land where bin-packing predicts (and
 not under the default scheduler), stale or sick nodes get no GPU pods, a burst
 neither overcommits nor spreads wider than pods created one at a time, and pods asking
-for no GPU land at random among equal nodes."""
+for no GPU land at random among equal nodes, first on a node with no free GPU."""
 
 from __future__ import annotations
 
@@ -248,6 +248,35 @@ def test_pods_asking_for_no_gpu_land_at_random_among_equal_nodes(rig: SchedulerR
     assert prioritized() - before >= 30  # the extender scored every one of them
     # At random, 30 pods miss at least 5 of 10 nodes with probability below 1e-6.
     assert len(placed) >= 6, f"30 GPU-less pods on {len(placed)} of 10 equal nodes"
+
+
+def test_pods_asking_for_no_gpu_fill_the_node_whose_gpus_are_all_taken(
+    rig: SchedulerRig,
+) -> None:
+    """Issue 40 (`extender.gpuless_pods: full_nodes_first`, the default): the node with
+    no free GPU scores 10 for a GPU-less pod and the three with free GPUs 0, so the real
+    kube-scheduler sends every such pod there. At random, 12 pods would all pick that
+    node with probability 4^-12 (6e-8); if the extender's level stops counting (a
+    scheduler that adds its own randomness, or ranks extender scores differently),
+    they spread and this fails."""
+    ext = rig.extender
+    assert ext is not None and ext.cfg.extender.gpuless_pods == "full_nodes_first"
+    group, nodes = make_group(rig, 4)
+    full = rig.create_pod(8, group, node=nodes[0])  # bound directly: every GPU taken
+    wait_for(
+        lambda: (st := ext.api.framework.cluster.states([nodes[0]])[nodes[0]]) is not None
+        and st.gpus_free == 0,
+        timeout=30,
+        what="the extender sees the node full",
+    )
+    names = []
+    for _ in range(12):
+        names.append(rig.create_pod(0, group))
+        rig.wait_bound(names[-1])
+    placed = [rig.pod(n)["spec"]["nodeName"] for n in names]
+    rig.delete_pods([*names, full])
+
+    assert placed == [nodes[0]] * 12, placed
 
 
 def test_while_the_extender_is_away_gpu_pods_wait_then_schedule_when_it_is_back(
