@@ -1,6 +1,8 @@
 """Pod accounting for `ClusterState`: the requests of the bound pods and of the pods
 assumed on a node before the watch shows their binding, summed per node, and which
-nodes hold each gang's pods.
+nodes hold each gang's pods. The bound pods themselves are the pod informer's store
+(`ClusterState` tells this module each one's arrival and departure); only the sums
+and the assumptions live here.
 
 Why assume: the scheduler binds asynchronously and the pod watch lags by tens of ms, so
 in a burst several pods would be scored from the same stale count and pile onto the
@@ -23,13 +25,6 @@ from gpudaemon.cluster.state import MigCounts, PodShape, add_mig
 
 # node -> (gpus, cpu m, mem B, MIG devices by profile)
 Usage = tuple[int, int, int, MigCounts]
-
-
-@dataclass(frozen=True, slots=True)
-class _Pod:
-    node: str
-    shape: PodShape
-    gang: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +76,9 @@ class AssumeCache:
         gone = [u for u, a in self._by_uid.items() if a.expires_at <= now]
         return [self._by_uid.pop(u) for u in gone]
 
+    def values(self) -> list[_Assumed]:
+        return list(self._by_uid.values())
+
     def __len__(self) -> int:
         return len(self._by_uid)
 
@@ -91,7 +89,6 @@ class PodUsage:
 
     def __init__(self, ttl_s: float, changed: Callable[[str], None]) -> None:
         self._changed = changed
-        self.pods: dict[str, _Pod] = {}  # by UID, bound and non-terminal only
         self._usage: dict[str, Usage] = {}  # bound and assumed pods
         self._assumed_usage: dict[str, tuple[int, MigCounts]] = {}  # assumed alone
         self.assumed = AssumeCache(ttl_s)
@@ -99,20 +96,22 @@ class PodUsage:
 
     # -- bound pods ---------------------------------------------------------------
 
-    def put_bound(self, uid: str, node: str, shape: PodShape, gang: str) -> None:
-        self.pods[uid] = _Pod(node, shape, gang)
-        self._add_usage(node, shape, +1)
-        self._add_gang(gang, node, +1)
+    def add_bound(self, node: str, shape: PodShape, gang: str, sign: int = +1) -> None:
+        """A bound pod counted on `node` (sign -1: no longer)."""
+        self._add_usage(node, shape, sign)
+        self._add_gang(gang, node, sign)
 
-    def drop_pod(self, uid: str) -> None:
-        old = self.pods.pop(uid, None)
-        if old is not None:
-            self._add_usage(old.node, old.shape, -1)
-            self._add_gang(old.gang, old.node, -1)
-
-    def drop_all_pods(self) -> None:
-        for uid in list(self.pods):
-            self.drop_pod(uid)
+    def drop_all_bound(self) -> None:
+        """No bound pod counted any more (a relist follows): the sums of the
+        assumptions alone."""
+        nodes = set(self._usage)
+        self._usage.clear()
+        self._gangs.clear()
+        for a in self.assumed.values():
+            self._add_usage(a.node, a.shape, +1)
+            self._add_gang(a.gang, a.node, +1)
+        for node in nodes:
+            self._changed(node)
 
     # -- sums -----------------------------------------------------------------------
 

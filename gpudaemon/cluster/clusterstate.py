@@ -1,9 +1,16 @@
-"""The programs' view of the cluster: one `NodeState` per node, kept current by the
-informers' handlers and by provisional placements ("assumed" pods, `assume.py`). A
-request reads it through `snapshot`: every named node's state and freshness as of one
-moment. One store per resource, shared by every consumer (client-go's rule): a program
-that needs more of a Node or a pod than `NodeState` holds registers a `node_view` or
-`pod_view`, kept here beside the store's own, instead of a mirror cache of its own.
+"""The programs' view of the cluster: one `NodeState` per node, read from the Node
+informer's store, with the usage of the bound pods (from the pod informer's store) and
+of provisional placements ("assumed" pods, `assume.py`). A request reads it through
+`snapshot`: every named node's state and freshness as of one moment.
+
+One store per resource, shared by every consumer (client-go's rule): the informers'
+stores hold each Node and bound pod in the form read here (`keep_node`: a `NodeRecord`;
+`keep_pod`: a `BoundPod`), made once as the object arrives, and this class keeps only
+what is derived from them (usage sums, the change log, assumptions, freshness), updated
+by its store handlers. A program that needs more of a Node or a pod than that registers a
+`node_view` or `pod_view`: its reading is kept in the same record, not in a mirror cache.
+Standalone (tests, benchmarks) it owns stores of the same kind, fed by `replace_nodes`,
+`node_event`, `replace_pods` and `pod_event`; `watch` puts it on a program's informers.
 
 Free GPUs on a node = allocatable `nvidia.com/gpu` - requests of the non-terminal pods
 bound there - GPUs assumed for pods this extender ranked but has not yet seen bound.
@@ -31,11 +38,14 @@ from gpudaemon.cluster.assume import AssumeCache, PodUsage
 from gpudaemon.cluster.dra import pod_claim_refs
 from gpudaemon.cluster.draassume import DraAssumptions
 from gpudaemon.cluster.drastate import DraState
-from gpudaemon.cluster.freshness import Freshness, lease_entry
+from gpudaemon.cluster.freshness import Freshness, lease_entry, lease_key
 from gpudaemon.cluster.nodes import BadNodes, agent_values_id, read_node
 from gpudaemon.cluster.podspec import pod_gang, pod_shape
+from gpudaemon.cluster.selectors import POD_FORM, POD_SELECTOR
 from gpudaemon.cluster.state import NodeState, PodShape, add_mig
 from gpudaemon.errors import BadValueError
+from gpudaemon.kube.informers import Informer, InformerFactory, Store, uid_key
+from gpudaemon.kube.lease import lease_path
 from gpudaemon.labels.keys import GPU_PRODUCT
 from gpudaemon.labels.sanitize import DEFAULT_PREFIX
 
@@ -48,18 +58,43 @@ LEFT_PENDING_GRACE_S = 2.0
 # TypeError) leaves the object without one.
 View = Callable[[Obj], Any]
 
-__all__ = ["AssumeCache", "Changes", "ClusterState", "Cursor", "NodeListener", "Snapshot", "Views"]
+__all__ = [
+    "AssumeCache", "BoundPod", "Changes", "ClusterState", "Cursor", "NodeListener",
+    "NodeRecord", "Snapshot", "Views", "node_key",
+]  # fmt: skip
 
 _LOG_MAX = 65_536  # changed node names kept for `changes` readers
 Cursor = tuple[int, int]  # (epoch, position in the change log)
 
 
 @dataclass(frozen=True, slots=True)
-class _NodeRead:
+class NodeRecord:
+    """What the Node store keeps of a Node (`ClusterState.keep_node`): a few hundred
+    bytes, however large the Node object."""
+
     name: str
-    meta: Obj
-    state: NodeState
+    uid: str
+    state: NodeState  # as the Node alone says (before DRA)
     bad: tuple[str, int | None, str] | None = None  # (key, value id, reason)
+    view: Any = None  # the program's `node_view` of it (readable nodes only)
+
+
+@dataclass(frozen=True, slots=True)
+class BoundPod:
+    """What the bound-pod store keeps of a pod (`ClusterState.keep_pod`): what it adds
+    to its node's usage."""
+
+    uid: str
+    node: str
+    shape: PodShape | None  # None: not counted (terminal, or requests unreadable)
+    gang: str = ""
+    view: Any = None  # the program's `pod_view` of it (counted pods only)
+
+
+def node_key(obj: Obj) -> str:
+    """The Node store's key: the Node's name (as `NodeRecord.name`)."""
+    name = (obj.get("metadata") or {}).get("name")
+    return name if isinstance(name, str) else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +134,8 @@ class NodeListener(Protocol):
 
 
 class ClusterState:
-    """Thread-safe store fed by the Node, Pod and Lease informers."""
+    """Thread-safe view of the Node, bound-pod and Lease stores, with what derives
+    from them; fed by those informers' store handlers."""
 
     def __init__(
         self,
@@ -124,13 +160,14 @@ class ClusterState:
         self.gang_waits: Callable[[str], bool] = lambda gang: True
         self.clock, self.wall = clock, wall
         self._lock = threading.RLock()
-        self._nodes: dict[str, NodeState] = {}  # without pod usage
-        self._node_uids: dict[str, str] = {}
+        self._node_view, self._pod_view = node_view, pod_view
+        # The stores: own ones until `watch` puts it on the informers'.
+        self._nodes = Store("nodes", self.keep_node, node_key)  # NodeRecord by name
+        self._pods = Store("pods", self.keep_pod, uid_key)  # BoundPod by UID
+        self._bound = 0  # pods counted (BoundPod.shape set)
         self._usage = PodUsage(assume_ttl_s, self._changed)
         self._bad = BadNodes()
-        self._fresh = Freshness(
-            lambda n: self._node_uids.get(n, ""), lambda n: n in self._bad.reasons
-        )
+        self._fresh = Freshness(self._node_uid, lambda n: n in self._bad.reasons)
         self._states: dict[str, NodeState] = {}  # cache of node + usage, per node
         # The names of the nodes whose state or freshness changed, in order (`changes`):
         # a reader that keeps answers per node redoes only these. `_epoch` moves when
@@ -141,11 +178,10 @@ class ClusterState:
         # Told of every node as it appears or changes (without pod usage) and as it goes:
         # the policies' `observe_node` / `forget_node` hooks, off the request path.
         self._node_listeners: list[NodeListener] = []
-        self._node_view, self._pod_view = node_view, pod_view
-        self._node_views: dict[str, Any] = {}  # by node name: readable nodes only
-        self._pod_views: dict[str, Any] = {}  # by pod UID: bound, non-terminal only
         self._degraded: set[str] = set()  # nodes with gpus_degraded_free > 0
-        self._raw: dict[str, NodeState] = {}  # as the Node alone says (before DRA)
+        # With DRA, each node's state with its devices folded in (derived from the
+        # store's and DraState's); without, the store's state is the node's.
+        self._folded: dict[str, NodeState] = {}
         self.dra = DraState(self._dra_changed) if dra else None
         self._dra_assumed = DraAssumptions(self._usage, self._claim_allocated, self.dra)
 
@@ -175,93 +211,125 @@ class ClusterState:
             if any(x is listener for x in self._node_listeners):
                 return
             self._node_listeners.append(listener)
-            for st in self._nodes.values():
-                listener.observe_node(st)
+            for rec in self._nodes.items():
+                listener.observe_node(self._node_state(rec))
+
+    def watch(
+        self, factory: InformerFactory, lease_namespace: str
+    ) -> tuple[Informer, Informer, Informer]:
+        """Registers the Node, bound-pod and agent-Lease informers of a program on
+        `factory` and reads Nodes, bound pods and Leases from their stores from now on
+        (call it before the informers start). Returns them (nodes, pods, leases), for the
+        program's other handlers, which run after these."""
+        nodes = factory.informer("nodes", "/api/v1/nodes", keep=self.keep_node, key=node_key)
+        pods = factory.informer("pods", "/api/v1/pods", {"fieldSelector": POD_SELECTOR},
+                                keep=self.keep_pod, key=uid_key, **POD_FORM)  # fmt: skip
+        leases = factory.informer("leases", lease_path(lease_namespace), keep=lease_entry,
+                                  key=lease_key)  # fmt: skip
+        if nodes.store is None or pods.store is None or leases.store is None:
+            raise RuntimeError("ClusterState.watch: an informer without a store")
+        with self._lock:
+            self._nodes, self._pods = nodes.store, pods.store
+            self._fresh.leases = leases.store
+        nodes.add_store_handler(self.nodes_replaced, self.node_changed)
+        pods.add_store_handler(self.pods_replaced, self.pod_changed)
+        leases.add_store_handler(self.leases_replaced, self.lease_changed)
+        return nodes, pods, leases
+
+    def _node_uid(self, name: str) -> str:
+        rec = self._nodes.get(name)
+        return rec.uid if rec is not None else ""
+
+    def _node_state(self, rec: NodeRecord) -> NodeState:
+        """The node's state without pod usage (with its DRA devices, if on)."""
+        return self._folded.get(rec.name, rec.state) if self.dra is not None else rec.state
 
     # -- nodes --------------------------------------------------------------------
 
     def replace_nodes(self, items: Iterable[Obj]) -> None:
+        """A relist of the Nodes, into the node store (what the informer does)."""
+        items = list(items)
+        self.nodes_replaced(*self._nodes.replace(items))
+        for obj in items:  # the store keeps no record of these: say so, as an event would
+            if not self._nodes.key_of(obj):
+                self.node_changed("ADDED", "", None, None)
+
+    def node_event(self, kind: str, obj: Obj) -> None:
+        """A watch event, into the node store (what the informer does)."""
+        self.node_changed(kind, *self._nodes.apply(kind, obj))
+
+    def nodes_replaced(self, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        """The node store was relisted: everything derived from it is redone."""
         with self._lock:
-            gone = set(self._nodes)
-            self._nodes.clear()
-            self._raw.clear()
-            self._node_uids.clear()
-            self._node_views.clear()
+            self._folded.clear()
             self._changed_all()
             self._bad.reasons.clear()
             self._degraded.clear()
-            for obj in items:
-                self._put_node(obj)
-            for name in gone - set(self._nodes):
+            for rec in new.values():
+                self._took(rec)
+            for name in old.keys() - new.keys():
                 for listener in self._node_listeners:
                     listener.forget_node(name)
-            self._bad.keep_only(set(self._nodes))
+            self._bad.keep_only(set(new))
             self._fresh.recompute()
 
-    def node_event(self, kind: str, obj: Obj) -> None:
-        name = str((obj.get("metadata") or {}).get("name", ""))
-        # Read (its annotation decoded) before the lock: requests wait on the lock.
-        read = self._read_node(obj) if kind != "DELETED" else None
+    def node_changed(self, kind: str, name: str, old: Any, new: Any) -> None:
+        """The node store took an event: `new` is the Node's record now (None: gone)."""
         with self._lock:
-            if kind == "DELETED":
-                self._nodes.pop(name, None)
-                self._raw.pop(name, None)
-                self._node_uids.pop(name, None)
-                self._node_views.pop(name, None)
+            if new is not None:
+                self._took(new)
+            elif not name:  # nothing to key it by
+                self._bad.note_bad("", "node", None, "not a Node object")
+                self._fresh.drop("")
+                return
+            else:
+                self._folded.pop(name, None)
                 self._changed(name)
                 self._bad.forget(name)
                 self._degraded.discard(name)
                 for listener in self._node_listeners:
                     listener.forget_node(name)
-            else:
-                self._put_read(obj, read)
             self._fresh.update(name)
 
-    def _read_node(self, obj: Obj) -> _NodeRead | None:
-        """The Node as a state, and why its values are unreadable if they are; None:
-        not an object at all. Pure: a watch event is read before the lock is taken."""
+    def keep_node(self, obj: Obj) -> NodeRecord | None:
+        """The Node store's form of a Node (its `keep`): its state read with the bounded
+        decoders, and why its values are unreadable if they are; None: not an object at
+        all. Pure, and run by the informer before any lock is taken."""
         try:
             meta = obj.get("metadata") or {}
             name = str(meta.get("name", ""))
+            uid = str(meta.get("uid", ""))
         except Exception:  # not an object at all: nothing to key it by
             return None
         p, product = self.prefix, self.product_label
         try:
-            return _NodeRead(name, meta, read_node(name, meta, obj, p, product))
+            st = read_node(name, meta, obj, p, product)
         except BadValueError as e:
             st = read_node(name, meta, obj, p, product, agent=False, bad=str(e))
-            return _NodeRead(name, meta, st, (e.key, agent_values_id(meta, p), e.reason))
+            return NodeRecord(name, uid, st, (e.key, agent_values_id(meta, p), e.reason))
         except Exception as e:  # a shape the API server would not store: a bug or a fake
             st = NodeState(name=name, has_agent_labels=False, bad_data="unreadable Node object")
             why = f"unreadable Node object ({type(e).__name__})"
-            return _NodeRead(name, meta, st, ("node", None, why))
+            return NodeRecord(name, uid, st, ("node", None, why))
+        return NodeRecord(name, uid, st, None, self._view(self._node_view, obj))
 
-    def _put_node(self, obj: Obj) -> None:
-        self._put_read(obj, self._read_node(obj))
-
-    def _put_read(self, obj: Obj, got: _NodeRead | None) -> None:
-        """Never raises: a Node whose agent values (or whose object) cannot be read is
-        kept as a node with no data (`bad_data`), counted and logged once. `got`: the
-        object as `_read_node` read it."""
-        if got is None:
-            self._bad.note_bad("", "node", None, "not a Node object")
-            self._fresh.drop("")
-            return
-        name, meta, st = got.name, got.meta, got.state
-        self._node_views.pop(name, None)
-        if got.bad is not None:
-            self._bad.note_bad(name, *got.bad)
+    def _took(self, rec: NodeRecord) -> None:
+        """The derived state of a node the store now holds as `rec`. Never raises: a
+        Node whose agent values (or whose object) cannot be read is kept as a node with
+        no data (`bad_data`), counted and logged once."""
+        name = rec.name
+        if rec.bad is not None:
+            self._bad.note_bad(name, *rec.bad)
             self._fresh.drop(name)
         else:
             self._bad.note_good(name)
-            self._put_view(self._node_view, self._node_views, name, obj)
-        self._raw[name] = st
-        st = self._nodes[name] = self._fold(st)
+        st = self._fold(rec.state)
+        if self.dra is not None:
+            self._folded[name] = st
         if st.gpus_degraded_free:
             self._degraded.add(name)
         else:
             self._degraded.discard(name)
-        self._node_uids[name] = str(meta.get("uid", ""))
         self._changed(name)
         for listener in self._node_listeners:
             listener.observe_node(st)
@@ -272,12 +340,12 @@ class ClusterState:
     def _dra_changed(self, name: str) -> None:
         """A node's DRA devices, allocations or taints changed."""
         self._changed(name)
-        raw = self._raw.get(name)
-        if raw is None:
+        rec = self._nodes.get(name)
+        if rec is None:
             return
-        st = self._fold(raw)
-        if st != self._nodes.get(name):
-            self._nodes[name] = st
+        st = self._fold(rec.state)
+        if st != self._folded.get(name):
+            self._folded[name] = st
             for listener in self._node_listeners:
                 listener.observe_node(st)
 
@@ -285,15 +353,13 @@ class ClusterState:
         return self.dra is not None and self.dra.is_claim_allocated(key)
 
     @staticmethod
-    def _put_view(view: View | None, into: dict[str, Any], key: str, obj: Obj) -> None:
+    def _view(view: View | None, obj: Obj) -> Any:
         if view is None:
-            return
+            return None
         try:
-            v = view(obj)
+            return view(obj)
         except (BadValueError, AttributeError, TypeError, ValueError):
-            return
-        if v is not None:
-            into[key] = v
+            return None
 
     def bad_reason(self, name: str) -> str:
         """Why the node's agent data could not be read; "" when it could."""
@@ -308,47 +374,64 @@ class ClusterState:
     # -- pods ---------------------------------------------------------------------
 
     def replace_pods(self, items: Iterable[Obj]) -> None:
-        with self._lock:
-            self._usage.drop_all_pods()
-            self._pod_views.clear()
-            self._changed_all()
-            for obj in items:
-                self._put_pod(obj)
+        """A relist of the bound pods, into the pod store (what the informer does)."""
+        self.pods_replaced(*self._pods.replace(items))
 
     def pod_event(self, kind: str, obj: Obj) -> None:
-        with self._lock:
-            if kind == "DELETED":
-                uid = str((obj.get("metadata") or {}).get("uid", ""))
-                self._drop_pod(uid)
-                self._usage.drop_assumed(uid)
-                self._dra_assumed.forget(uid)
-            else:
-                self._put_pod(obj)
+        """A watch event, into the pod store (what the informer does)."""
+        self.pod_changed(kind, *self._pods.apply(kind, obj))
 
-    def _put_pod(self, obj: Obj) -> None:
+    def keep_pod(self, obj: Obj) -> BoundPod | None:
+        """The pod store's form of a pod (its `keep`): its node and what it adds there;
+        None: not bound (nothing to keep). Pure, and run before any lock is taken."""
         meta = obj.get("metadata") or {}
-        uid = str(meta.get("uid", ""))
         node = str((obj.get("spec") or {}).get("nodeName") or "")
-        phase = (obj.get("status") or {}).get("phase")
-        self._drop_pod(uid)
         if not node:
-            return
-        if self._dra_assumed.tracks(uid):  # its claims' devices: until allocated
-            self._dra_assumed.settle(uid, node, self.clock())
-        else:  # bound: the real placement replaces the assumption
-            self._usage.drop_assumed(uid)
-        if phase in TERMINAL_PHASES:
-            return
+            return None
+        uid = str(meta.get("uid", ""))
+        if (obj.get("status") or {}).get("phase") in TERMINAL_PHASES:
+            return BoundPod(uid, node, None)
         try:
             shape = pod_shape(obj, self.product_label)
         except (ValueError, AttributeError, TypeError):  # a quantity we cannot read
-            return
-        self._usage.put_bound(uid, node, shape, pod_gang(obj))
-        self._put_view(self._pod_view, self._pod_views, uid, obj)
+            return BoundPod(uid, node, None)
+        return BoundPod(uid, node, shape, pod_gang(obj), self._view(self._pod_view, obj))
 
-    def _drop_pod(self, uid: str) -> None:
-        self._usage.drop_pod(uid)
-        self._pod_views.pop(uid, None)
+    def pods_replaced(self, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        """The pod store was relisted: the sums are redone from it."""
+        with self._lock:
+            self._usage.drop_all_bound()
+            self._bound = 0
+            self._changed_all()
+            for rec in new.values():
+                self._took_pod(rec)
+
+    def pod_changed(self, kind: str, uid: str, old: Any, new: Any) -> None:
+        """The pod store took an event: `old` was its record, `new` is (None: none)."""
+        with self._lock:
+            if old is not None and old.shape is not None:
+                self._usage.add_bound(old.node, old.shape, old.gang, -1)
+                self._bound -= 1
+            if kind == "DELETED":
+                self._usage.drop_assumed(uid)
+                self._dra_assumed.forget(uid)
+            elif new is not None:
+                self._took_pod(new)
+
+    def _took_pod(self, rec: BoundPod) -> None:
+        uid = rec.uid
+        if self._dra_assumed.tracks(uid):  # its claims' devices: until allocated
+            self._dra_assumed.settle(uid, rec.node, self.clock())
+        else:  # bound: the real placement replaces the assumption
+            self._usage.drop_assumed(uid)
+        if rec.shape is not None:
+            self._usage.add_bound(rec.node, rec.shape, rec.gang)
+            self._bound += 1
+
+    def _bound_node(self, uid: str) -> str:
+        """The node the pod is bound to and counted on; "" if none."""
+        rec = self._pods.get(uid) if uid else None
+        return rec.node if rec is not None and rec.shape is not None else ""
 
     def gang_nodes(self, gang: str) -> dict[str, int]:
         """Nodes holding the gang's pods (bound or assumed), with how many each."""
@@ -359,25 +442,29 @@ class ClusterState:
     # -- leases -------------------------------------------------------------------
 
     def replace_leases(self, items: Iterable[Obj]) -> None:
-        with self._lock:
-            self._fresh.clear()
-            for obj in items:
-                self._fresh.lease_event("ADDED", obj)
-            self._changed_all()
+        """A relist of the agents' Leases, into the Lease store (what the informer does)."""
+        self.leases_replaced(*self._fresh.leases.replace(items))
 
     def lease_event(self, kind: str, obj: Obj) -> None:
-        parsed = lease_entry(kind, obj)  # outside the lock: requests wait on it
+        """A watch event, into the Lease store (what the informer does)."""
+        self.lease_changed(kind, *self._fresh.leases.apply(kind, obj))
+
+    def leases_replaced(self, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
         with self._lock:
-            self._fresh.put(*parsed)
-            self._changed(parsed[0])
+            self._fresh.recompute()
+            self._changed_all()
+
+    def lease_changed(self, kind: str, name: str, old: Any, new: Any) -> None:
+        with self._lock:
+            self._fresh.update(name)
+            self._changed(name)
 
     def fresh(self, name: str) -> bool:
         """The agent's Lease is unexpired and owned by this Node object."""
         return self.freshness([name])[name]
 
     def is_bound(self, uid: str) -> bool:
-        with self._lock:
-            return uid in self._usage.pods
+        return bool(self._bound_node(uid))
 
     # -- assumptions --------------------------------------------------------------
 
@@ -386,7 +473,7 @@ class ClusterState:
         if not pod_uid or not shape.wants_gpus:
             return
         with self._lock:
-            if pod_uid in self._usage.pods:  # already bound: nothing to assume
+            if self._bound_node(pod_uid):  # already bound: nothing to assume
                 return
             ttl = self.gang_assume_ttl_s if gang and self.gang_waits(gang) else self.assume_ttl_s
             shape = self._dra_assumed.unshared(pod_uid, node, shape)  # claims held: once
@@ -425,7 +512,7 @@ class ClusterState:
         return self._dra_assumed.replacer(kind, self._lock, self._settle_one)
 
     def _settle_one(self, uid: str) -> None:
-        self._dra_assumed.settle(uid, getattr(self._usage.pods.get(uid), "node", ""), self.clock())
+        self._dra_assumed.settle(uid, self._bound_node(uid), self.clock())
 
     def unassume_if_failed_since(self, pod_uid: str, failed_at: float) -> None:
         """The scheduler reported the pod unschedulable at wall time `failed_at` (its
@@ -462,8 +549,9 @@ class ClusterState:
             for name in names:
                 st = self._states.get(name)
                 if st is None:
-                    base = self._nodes.get(name)
-                    if base is not None:
+                    rec = self._nodes.get(name)
+                    if rec is not None:
+                        base = self._node_state(rec)
                         g, c, m, mig = self._usage.usage(name)
                         ag, amig = self._usage.assumed_usage(name)
                         dc = self.dra.counts(name) if self.dra is not None else None
@@ -502,7 +590,7 @@ class ClusterState:
             start = cursor[1] - self._log_start if cursor is not None else -1
             if cursor is None or cursor[0] != self._epoch or start < 0:
                 changed = None
-                todo: set[str] = set(self._nodes)
+                todo: set[str] = set(self._nodes.keys())
             else:
                 changed = set(self._log[start:])
                 todo = set(changed)
@@ -527,18 +615,21 @@ class ClusterState:
         """The consumers' readings of every node and bound pod, as of one moment
         (copies: the caller plans on them while the watches go on)."""
         with self._lock:
-            return Views(dict(self._node_views), dict(self._pod_views))
+            nodes = {r.name: r.view for r in self._nodes.items() if r.view is not None}
+            pods = {r.uid: r.view for r in self._pods.items() if r.view is not None}
+            return Views(nodes, pods)
 
     def gpu_node_names(self) -> list[str]:
         """Nodes with GPUs: an agent labelled them or they have nvidia.com/gpu."""
         with self._lock:
+            states = map(self._node_state, self._nodes.items())
             return sorted(
-                n
-                for n, st in self._nodes.items()
+                st.name
+                for st in states
                 if st.has_agent_labels or st.gpus_allocatable or st.mig_allocatable
             )
 
     def sizes(self) -> dict[str, int]:
         with self._lock:
             u, n, leases = self._usage, len(self._nodes), len(self._fresh.leases)
-            return {"nodes": n, "pods": len(u.pods), "leases": leases, "assumed": len(u.assumed)}
+            return {"nodes": n, "pods": self._bound, "leases": leases, "assumed": len(u.assumed)}

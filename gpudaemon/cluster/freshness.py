@@ -1,12 +1,14 @@
 """Whether a node's agent data is fresh: its agent's Lease is unexpired and owned by
 the current Node object. Kept as one wall-clock deadline per node, computed at event
-time, so a request compares one number per node."""
+time, so a request compares one number per node. The Leases themselves are the Lease
+informer's store, each kept as its `Entry` (`lease_entry` is that store's `keep`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from gpudaemon.kube.informers import Store
 from gpudaemon.kube.lease import lease_expiry
 
 Obj = Mapping[str, Any]
@@ -26,44 +28,37 @@ def _expiry(lease: Obj) -> tuple[float | None, str]:
 Entry = tuple[float | None, str]  # (wall-clock expiry, owner Node UID)
 
 
-def lease_entry(kind: str, obj: Obj) -> tuple[str, Entry | None]:
-    """(node name, what `Freshness.put` keeps for it; None: the Lease is gone), read
-    from a watch event without the store's lock held."""
-    name = str((obj.get("metadata") or {}).get("name", ""))
-    return name, (None if kind == "DELETED" else _expiry(obj))
+def lease_entry(obj: Obj) -> Entry:
+    """What the Lease store keeps of a Lease (its `keep`): read as the event arrives,
+    before any lock is taken."""
+    return _expiry(obj)
+
+
+def lease_key(obj: Obj) -> str:
+    """The Lease store's key: the Lease's name (the node's; one namespace is watched)."""
+    name = (obj.get("metadata") or {}).get("name")
+    return name if isinstance(name, str) else ""
 
 
 class Freshness:
-    """The agents' Leases, by node name, and the deadline each gives its node.
-    `node_uid(name)` and `is_bad(name)` come from the node store: a Lease left from a
-    deleted Node of the same name, or a node whose data is unreadable, vouches for
-    nothing. Not locked: ClusterState holds its lock around every call."""
+    """The deadline each agent's Lease gives its node, from the Lease store (`leases`,
+    `Entry` by node name). `node_uid(name)` and `is_bad(name)` come from the node store:
+    a Lease left from a deleted Node of the same name, or a node whose data is
+    unreadable, vouches for nothing. Not locked: ClusterState holds its lock around
+    every call (the store has its own)."""
 
     def __init__(self, node_uid: Callable[[str], str], is_bad: Callable[[str], bool]) -> None:
         self._node_uid, self._is_bad = node_uid, is_bad
-        self.leases: dict[str, Entry] = {}  # node -> (expiry, owner)
+        self.leases = Store("leases", lease_entry, lease_key)  # until ClusterState.watch
         self._until: dict[str, float] = {}  # node -> wall time its data goes stale
-
-    def clear(self) -> None:
-        self.leases.clear()
-        self._until.clear()
-
-    def lease_event(self, kind: str, obj: Obj) -> None:
-        self.put(*lease_entry(kind, obj))
-
-    def put(self, name: str, entry: Entry | None) -> None:
-        if entry is None:
-            self.leases.pop(name, None)
-        else:
-            self.leases[name] = entry
-        self.update(name)
 
     def until(self, name: str) -> float:
         """The wall time the node's data goes stale (-inf: no Lease vouches for it)."""
         return self._until.get(name, _NEVER)
 
     def _vouch(self, name: str) -> float | None:
-        expiry, owner = self.leases.get(name, (None, ""))
+        entry: Entry | None = self.leases.get(name)
+        expiry, owner = entry if entry is not None else (None, "")
         uid = self._node_uid(name)
         if expiry is None or (owner and uid and owner != uid) or self._is_bad(name):
             return None
@@ -79,7 +74,8 @@ class Freshness:
 
     def recompute(self) -> None:
         """Every node's deadline (after a relist of the Nodes)."""
-        self._until = {n: t for n in self.leases if (t := self._vouch(n)) is not None}
+        names = self.leases.keys()  # a Store's, not a dict's
+        self._until = {n: t for n in names if (t := self._vouch(n)) is not None}
 
     def drop(self, name: str) -> None:
         self._until.pop(name, None)

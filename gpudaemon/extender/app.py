@@ -21,12 +21,7 @@ from gpudaemon.cluster.metrics import BadDataCollector, DraCollector
 from gpudaemon.cluster.plugins import check_plugins
 from gpudaemon.cluster.policies import Policy, build_policies, policy_spec
 from gpudaemon.cluster.reservations import LeaseReservations, ReservationCollector
-from gpudaemon.cluster.selectors import (
-    POD_FORM,
-    POD_SELECTOR,
-    pending_selector,
-    unschedulable_since,
-)
+from gpudaemon.cluster.selectors import unschedulable_since
 from gpudaemon.config import ExtenderSettings
 from gpudaemon.errors import ConfigError
 from gpudaemon.extender.api import ExtenderApi
@@ -43,7 +38,6 @@ from gpudaemon.httpserver import (
 from gpudaemon.kube.client import KubeClient, find_credentials
 from gpudaemon.kube.informer import ListWatchClient
 from gpudaemon.kube.informers import InformerFactory
-from gpudaemon.kube.lease import lease_path
 from gpudaemon.kube.runner import Runner
 
 LOOKUP_TIMEOUT_S = 1.0
@@ -113,20 +107,14 @@ class Extender:
         f = self.informers = InformerFactory(
             client, backoff_max_s=cfg.kubernetes.backoff_max_seconds, clock=clock
         )
-        # No store for Nodes and bound pods: ClusterState keeps them in its own, smaller
-        # form, and a second copy at 5,000 Nodes / 50,000 pods would double the memory.
-        f.informer("nodes", "/api/v1/nodes", store=False).add_handler(c.replace_nodes, c.node_event)
-        bound = f.informer("pods", "/api/v1/pods", {"fieldSelector": POD_SELECTOR},
-                           store=False, **POD_FORM)  # fmt: skip
-        bound.add_handler(c.replace_pods, c.pod_event)
-        leases = f.informer("leases", lease_path(cfg.kubernetes.lease_namespace), store=False)
-        leases.add_handler(c.replace_leases, c.lease_event)
+        # Nodes and bound pods: their stores hold ClusterState's records of them, which it
+        # reads as its view (one copy each).
+        _, _, leases = c.watch(f, cfg.kubernetes.lease_namespace)
         leases.add_handler(self.reservations.replace, self.reservations.event)
-        # Our scheduler's pending pods: PendingPods keeps its parsed form (no store
-        # until something reads one: a second copy of every pending pod otherwise).
-        mine = {"fieldSelector": pending_selector(ext.scheduler_name)}
-        pending = f.informer("pending", "/api/v1/pods", mine, store=False, **POD_FORM)
-        pending.add_handler(self.pending.replace, self._pending_event)
+        # Our scheduler's pending pods: the store holds PendingPods' parsed form of each,
+        # which it reads; then what a pending pod's event says of its assumption.
+        pending = self.pending.watch(f, ext.scheduler_name)
+        pending.add_handler(lambda items: None, self._pending_event)
         if cfg.dra.enabled:
             dra_informers(f, c)
         self.reflectors = f.reflectors
@@ -201,7 +189,6 @@ class Extender:
         return self.runner.cache_ages()
 
     def _pending_event(self, kind: str, obj: Mapping[str, Any]) -> None:
-        self.pending.event(kind, obj)
         if kind == "DELETED":  # deleted or bound: its assumption goes soon either way
             self.cluster.left_pending(str((obj.get("metadata") or {}).get("uid") or ""))
             return

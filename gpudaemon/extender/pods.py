@@ -6,8 +6,9 @@ for it, not the body's. Without this, anyone who can reach the extender could in
 pod UIDs and keep every GPU "assumed" for `assume_ttl_s`, and skew what the
 fragmentation policy learns.
 
-`PendingPods` is a watch cache of the unbound pods of our scheduler (fed by a
-Reflector). A UID it does not know yet (the watch lags the scheduler by a few ms) is
+`PendingPods` reads the unbound pods of our scheduler from the pending informer's
+store, which holds each one as a `RealPod` (its `keep` is `PendingPods.parse`), indexed
+by pod group. A UID it does not know yet (the watch lags the scheduler by a few ms) is
 looked up once in the API, at most `lookups_per_second`, and a miss is remembered in
 a bounded negative cache, so a flood of invented UIDs costs neither memory nor API
 server load.
@@ -24,9 +25,11 @@ from typing import Any
 
 from gpudaemon.cluster.dra import pod_claim_refs
 from gpudaemon.cluster.podspec import native_pod_group, pod_gang, pod_priority, pod_shape
+from gpudaemon.cluster.selectors import POD_FORM, pending_selector
 from gpudaemon.cluster.state import PodShape
 from gpudaemon.config import DNS1123_SUBDOMAIN
 from gpudaemon.errors import KubeError, KubeNotFoundError
+from gpudaemon.kube.informers import Informer, InformerFactory, Store, uid_key
 
 Obj = Mapping[str, Any]
 
@@ -51,14 +54,42 @@ class RealPod:
 priority_of = pod_priority  # spec.priority (the reserved plug-in reads it too)
 
 
+def by_gang(pod: RealPod) -> list[str]:
+    """The pending store's index: a pod's gang ("namespace/podgroup"), if any."""
+    return [pod.gang] if pod.gang else []
+
+
 class PendingPods:
-    """Thread-safe map of pending pods by UID, fed by a Reflector."""
+    """Pending pods by UID: a view of the pending informer's store (`watch`), or of a
+    store of its own fed by `replace` and `event` (tests, benchmarks). Besides the store
+    it keeps only the pods `PodVerifier` looked up in the API before the watch showed
+    them (`add`), each until the watch says anything of it or relists."""
 
     def __init__(self, product_label: str) -> None:
         self.product_label = product_label
         self._lock = threading.Lock()
-        self._by_uid: dict[str, RealPod] = {}
-        self._gangs: dict[str, dict[str, RealPod]] = {}  # gang -> its pending pods by UID
+        self._store = self._new_store()
+        self._added: dict[str, RealPod] = {}  # looked up, not yet in the store
+
+    def _new_store(self) -> Store:
+        store = Store("pending", self.parse, uid_key)
+        store.add_indexer("gang", by_gang)
+        return store
+
+    def watch(self, factory: InformerFactory, scheduler_name: str) -> Informer:
+        """Registers the pending informer (our scheduler's unbound pods) on `factory`
+        and reads its store from now on (before the informers start); returns it, for
+        the program's other handlers, which run after this one's."""
+        mine = {"fieldSelector": pending_selector(scheduler_name)}
+        inf = factory.informer("pending", "/api/v1/pods", mine, keep=self.parse, key=uid_key,
+                               **POD_FORM)  # fmt: skip
+        if inf.store is None:  # store=True above
+            raise RuntimeError("pending informer without a store")
+        inf.add_indexer("gang", by_gang)
+        with self._lock:
+            self._store = inf.store
+        inf.add_store_handler(self.replaced, self.changed)
+        return inf
 
     def parse(self, obj: Obj) -> RealPod | None:
         meta = obj.get("metadata") or {}
@@ -81,44 +112,39 @@ class PendingPods:
         )
 
     def replace(self, items: Iterable[Obj]) -> None:
-        pods = {p.uid: p for o in items if (p := self.parse(o)) is not None}
-        gangs: dict[str, dict[str, RealPod]] = {}
-        for p in pods.values():
-            if p.gang:
-                gangs.setdefault(p.gang, {})[p.uid] = p
-        with self._lock:
-            self._by_uid, self._gangs = pods, gangs
+        """A relist, into the store (what the informer does)."""
+        self.replaced(*self._store.replace(items))
 
     def event(self, kind: str, obj: Obj) -> None:
-        uid = str((obj.get("metadata") or {}).get("uid") or "")
-        pod = None if kind == "DELETED" else self.parse(obj)
+        """A watch event, into the store (what the informer does)."""
+        self.changed(kind, *self._store.apply(kind, obj))
+
+    def replaced(self, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        """The store was relisted: what it lacks is not pending."""
         with self._lock:
-            self._drop(uid)
-            if pod is not None:
-                self._put(pod)
+            self._added.clear()
+
+    def changed(self, kind: str, uid: str, old: Any, new: Any) -> None:
+        """The store took an event for `uid`: the watch speaks for it now."""
+        with self._lock:
+            self._added.pop(uid, None)
 
     def add(self, pod: RealPod) -> None:
+        """A pod looked up in the API, until the watch shows it (or relists)."""
         with self._lock:
-            self._drop(pod.uid)
-            self._put(pod)
-
-    def _put(self, pod: RealPod) -> None:
-        self._by_uid[pod.uid] = pod
-        if pod.gang:
-            self._gangs.setdefault(pod.gang, {})[pod.uid] = pod
-
-    def _drop(self, uid: str) -> None:
-        old = self._by_uid.pop(uid, None)
-        if old is not None and old.gang:
-            members = self._gangs.get(old.gang, {})
-            members.pop(uid, None)
-            if not members:
-                self._gangs.pop(old.gang, None)
+            self._added[pod.uid] = pod
 
     def gang_members(self, gang: str) -> list[RealPod]:
         """The gang's pods that are not bound yet (waiting at Permit included)."""
+        members: list[RealPod] = self._store.by_index("gang", gang)
         with self._lock:
-            return list(self._gangs.get(gang, {}).values())
+            if not self._added:
+                return members
+            extra = [p for p in self._added.values() if p.gang == gang]
+        if not extra:
+            return members
+        known = {p.uid for p in members}
+        return members + [p for p in extra if p.uid not in known]
 
     def waits_at_permit(self, gang: str) -> bool:
         """Whether the gang's pods may wait unbound at Permit for the rest (Coscheduling),
@@ -126,17 +152,20 @@ class PendingPods:
         one group cycle: a member assumed in a cycle that failed is never tried again
         until something changes, so its assumption must not hold GPUs for long. True
         for a gang of which no pending pod is known: the old, cautious rule."""
-        with self._lock:
-            members = self._gangs.get(gang)
-            return not members or not all(p.native_gang for p in members.values())
+        members = self.gang_members(gang)
+        return not members or not all(p.native_gang for p in members)
 
     def get(self, uid: str) -> RealPod | None:
+        pod: RealPod | None = self._store.get(uid)
+        if pod is not None:
+            return pod
         with self._lock:
-            return self._by_uid.get(uid)
+            return self._added.get(uid)
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._by_uid)
+            added = len(self._added)
+        return len(self._store) + added
 
 
 class TokenBucket:

@@ -14,6 +14,13 @@ readers of the store (`get`, `items`, `by_index`) take the lock and never call t
 Handlers keep the signatures a `Reflector` has always called (`on_replace(items)`,
 `on_event(kind, obj)`), so the existing caches plug in unchanged. A handler that raises
 is that handler's problem only: the others still see the list or the event.
+
+The store may hold another form than the handlers get: `keep` turns each delivered
+object into what is stored (a program's parsed record of it; None: not stored), so a
+consumer reads the store as its view instead of keeping a second copy. A consumer of
+that form registers with `add_store_handler`: like client-go's OnAdd/OnUpdate/OnDelete
+it gets the stored records, old and new, after the store has taken them, in the same
+order as the other handlers and with the same isolation.
 """
 
 from __future__ import annotations
@@ -30,8 +37,16 @@ from gpudaemon.kube.informer import ListWatchClient, Obj, Reflector
 
 OnReplace = Callable[[list[Obj]], None]
 OnEvent = Callable[[str, Obj], None]
-# client-go's IndexFunc: the values an object is found under (none: not indexed).
-IndexFunc = Callable[[Obj], Iterable[str]]
+# A store handler's view of a relist: (the records before, the records now), by key.
+OnReplaced = Callable[[Mapping[str, Any], Mapping[str, Any]], None]
+# And of one event: (kind, key, the record before or None, the record now or None).
+OnChanged = Callable[[str, str, Any, Any], None]
+# client-go's KeyFunc: the key an object is stored under ("": fanned out, not stored).
+KeyFunc = Callable[[Mapping[str, Any]], str]
+# The stored form of a delivered object (None: not stored).
+Keep = Callable[[Mapping[str, Any]], Any]
+# client-go's IndexFunc: the values a stored record is found under (none: not indexed).
+IndexFunc = Callable[[Any], Iterable[str]]
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -44,6 +59,13 @@ def object_key(obj: Mapping[str, Any]) -> str:
     if not isinstance(name, str) or not name:
         return ""
     return f"{ns}/{name}" if isinstance(ns, str) and ns else name
+
+
+def uid_key(obj: Mapping[str, Any]) -> str:
+    """A key by `metadata.uid`: for stores read by UID (the pod stores)."""
+    meta = obj.get("metadata")
+    uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    return uid if isinstance(uid, str) else ""
 
 
 def by_namespace(obj: Obj) -> list[str]:
@@ -77,15 +99,142 @@ def by_claim(obj: Obj) -> list[str]:
     return sorted(names)
 
 
+class Store:
+    """client-go's thread-safe indexer: records by key, with indexers. `keep` makes the
+    record of a delivered object (outside the lock; None, or an exception, leaves the
+    object unstored), `key` its key. `replace` and `apply` return what changed, for
+    the store handlers; the readers take the lock and never call the API."""
+
+    def __init__(self, kind: str, keep: Keep | None = None, key: KeyFunc = object_key) -> None:
+        self.kind, self.keep, self.key = kind, keep, key
+        self._lock = threading.Lock()
+        self._items: dict[str, Any] = {}
+        self._indexers: dict[str, IndexFunc] = {}
+        # index name -> value -> keys; and key -> its values per index, to undo on update
+        self._indices: dict[str, dict[str, set[str]]] = {}
+        self._values: dict[str, dict[str, list[str]]] = {}
+
+    def key_of(self, obj: Mapping[str, Any]) -> str:
+        """`key(obj)`; "" (not stored) for what has no key or is not an object."""
+        try:
+            return self.key(obj)
+        except Exception:
+            return ""
+
+    def kept(self, obj: Mapping[str, Any]) -> Any:
+        """The record stored for `obj` (None: not stored)."""
+        if self.keep is None:
+            return obj
+        try:
+            return self.keep(obj)
+        except Exception as e:  # a bad object degrades that object only
+            logger.debug("{} store: cannot keep {}: {}", self.kind, self.key_of(obj), e)
+            return None
+
+    def replace(self, items: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The store becomes `items`; returns (the records before, the records now)."""
+        new: dict[str, Any] = {}
+        for obj in items:
+            key = self.key_of(obj)
+            rec = self.kept(obj) if key else None
+            if rec is not None:
+                new[key] = rec
+        with self._lock:
+            old, self._items = self._items, {}
+            self._values.clear()
+            for index in self._indices.values():
+                index.clear()
+            for key, rec in new.items():
+                self._put(key, rec)
+        return old, new
+
+    def apply(self, kind: str, obj: Mapping[str, Any]) -> tuple[str, Any, Any]:
+        """One watch event; returns (key, the record before, the record now)."""
+        key = self.key_of(obj)
+        rec = self.kept(obj) if key and kind != "DELETED" else None
+        if not key:
+            return key, None, None
+        with self._lock:
+            old = self._drop(key)
+            if rec is not None:
+                self._put(key, rec)
+        return key, old, rec
+
+    def add_indexer(self, name: str, fn: IndexFunc) -> None:
+        """Keeps `by_index(name, value)` for the values `fn` gives each stored record."""
+        with self._lock:
+            if name in self._indexers:
+                raise ValueError(f"{self.kind} store: indexer {name!r} added twice")
+            self._indexers[name] = fn
+            self._indices[name] = {}
+            for key, rec in self._items.items():
+                self._index_one(name, key, rec)
+
+    def get(self, key: str) -> Any:
+        """The record under `key`, None if absent."""
+        with self._lock:
+            return self._items.get(key)
+
+    def items(self) -> list[Any]:
+        with self._lock:
+            return list(self._items.values())
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._items)
+
+    def by_index(self, name: str, value: str) -> list[Any]:
+        """The stored records whose indexer `name` gave `value`, in key order; KeyError
+        for an indexer never added."""
+        with self._lock:
+            keys = self._indices[name].get(value, ())
+            return [self._items[k] for k in sorted(keys)]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def _put(self, key: str, rec: Any) -> None:
+        self._items[key] = rec
+        for name in self._indexers:
+            self._index_one(name, key, rec)
+
+    def _drop(self, key: str) -> Any:
+        old = self._items.pop(key, None)
+        if old is None:
+            return None
+        for name, values in self._values.pop(key, {}).items():
+            index = self._indices[name]
+            for value in values:
+                keys = index.get(value)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del index[value]
+        return old
+
+    def _index_one(self, name: str, key: str, rec: Any) -> None:
+        try:
+            values = [v for v in self._indexers[name](rec) if isinstance(v, str)]
+        except Exception as e:  # a bad record is not indexed; it stays in the store
+            logger.debug("{} store: indexer {} refused {}: {}", self.kind, name, key, e)
+            return
+        if not values:
+            return
+        self._values.setdefault(key, {})[name] = values
+        index = self._indices[name]
+        for value in values:
+            index.setdefault(value, set()).add(key)
+
+
 class Informer:
     """One shared list + watch: its reflector, its store (unless `store=False`), its
     indexers and its handlers. Built by `InformerFactory.informer`, not directly.
 
-    `store=False`: the informer only fans out. For kinds whose objects are large and
-    whose handlers already keep what they need in their own form (Nodes: a Node object
-    is tens of KB and `ClusterState` keeps a `NodeState`; bound pods: 50,000 of them in
-    their kept form would be a second copy of what `ClusterState` has parsed), so 5,000
-    Nodes are not held twice. Such an informer has no `get`, `items` or indexers.
+    The store holds each object as `keep` makes it (the object itself without one), so
+    a large kind (a Node is tens of KB) is held once, in the form its readers need.
+    `store=False`: the informer only fans out (no `get`, `items`, indexers or store
+    handlers), for kinds whose handlers keep nothing per object.
     """
 
     def __init__(
@@ -98,6 +247,8 @@ class Informer:
         transform: Callable[[Obj], Obj] | None,
         page_size: int | None,
         store: bool,
+        keep: Keep | None,
+        key: KeyFunc,
         optional: str,
         backoff: Backoff,
         clock: Callable[[], float],
@@ -107,13 +258,12 @@ class Informer:
         self.query = dict(query or {})
         self.transform, self.page_size = transform, page_size
         self.has_store, self.optional = store, optional
+        self.keep, self.key = keep, key
+        self.store = Store(kind, keep, key) if store else None
         self._lock = threading.Lock()
-        self._items: dict[str, Obj] = {}
-        self._indexers: dict[str, IndexFunc] = {}
-        # index name -> value -> keys; and key -> its values per index, to undo on update
-        self._indices: dict[str, dict[str, set[str]]] = {}
-        self._values: dict[str, dict[str, list[str]]] = {}
-        self._handlers: list[tuple[OnReplace, OnEvent]] = []
+        # (on_replace, on_event) of a plain handler, or (on_replaced, on_changed) of a
+        # store handler (the bool), in the order added.
+        self._handlers: list[tuple[bool, Callable[..., None], Callable[..., None]]] = []
         self._delivered = False
         self.reflector = Reflector(
             client, kind, path, self._replace, self._event, query=self.query,
@@ -127,55 +277,51 @@ class Informer:
         """Called with every list and every event, after the store has taken it, in the
         order handlers were added. Only before the first list: a handler added later
         would have missed it (client-go replays the store; nothing here needs that)."""
+        self._add(False, on_replace, on_event)
+
+    def add_store_handler(self, on_replaced: OnReplaced, on_changed: OnChanged) -> None:
+        """Like `add_handler`, for a reader of the stored form: `on_replaced(old, new)`
+        with the records before and after a relist, `on_changed(kind, key, old, new)`
+        with the record before and after each event (None: there was none, or there is
+        none now: deleted, or not kept)."""
+        self._need_store()
+        self._add(True, on_replaced, on_changed)
+
+    def _add(self, stored: bool, a: Callable[..., None], b: Callable[..., None]) -> None:
         with self._lock:
             if self._delivered:
                 raise RuntimeError(f"{self.kind} informer: a handler added after it started")
-            self._handlers.append((on_replace, on_event))
+            self._handlers.append((stored, a, b))
 
     def add_indexer(self, name: str, fn: IndexFunc) -> None:
-        """Keeps `by_index(name, value)` for the values `fn` gives each stored object."""
-        if not self.has_store:
-            raise RuntimeError(f"{self.kind} informer has no store (store=False) to index")
-        with self._lock:
-            if name in self._indexers:
-                raise ValueError(f"{self.kind} informer: indexer {name!r} added twice")
-            self._indexers[name] = fn
-            self._indices[name] = {}
-            for key, obj in self._items.items():
-                self._index_one(name, key, obj)
+        """Keeps `by_index(name, value)` for the values `fn` gives each stored record."""
+        self._need_store().add_indexer(name, fn)
 
     # -- reads ----------------------------------------------------------------------
 
-    def get(self, key: str) -> Obj | None:
-        """The kept object under "namespace/name" (or "name"), None if absent."""
-        self._need_store()
-        with self._lock:
-            return self._items.get(key)
+    def get(self, key: str) -> Any:
+        """The record under "namespace/name" (or "name", or the informer's own key),
+        None if absent."""
+        return self._need_store().get(key)
 
-    def items(self) -> list[Obj]:
-        self._need_store()
-        with self._lock:
-            return list(self._items.values())
+    def items(self) -> list[Any]:
+        return self._need_store().items()
 
     def keys(self) -> list[str]:
-        self._need_store()
-        with self._lock:
-            return list(self._items)
+        return self._need_store().keys()
 
-    def by_index(self, name: str, value: str) -> list[Obj]:
-        """The stored objects whose indexer `name` gave `value`; KeyError for an
+    def by_index(self, name: str, value: str) -> list[Any]:
+        """The stored records whose indexer `name` gave `value`; KeyError for an
         indexer never added."""
-        with self._lock:
-            keys = self._indices[name].get(value, ())
-            return [self._items[k] for k in sorted(keys)]
+        return self._need_store().by_index(name, value)
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._items)
+        return len(self.store) if self.store is not None else 0
 
-    def _need_store(self) -> None:
-        if not self.has_store:
+    def _need_store(self) -> Store:
+        if self.store is None:
             raise RuntimeError(f"{self.kind} informer has no store (store=False)")
+        return self.store
 
     # -- the reflector's side: store first, then the handlers --------------------------
 
@@ -183,76 +329,46 @@ class Informer:
         with self._lock:
             self._delivered = True
             handlers = list(self._handlers)
-            if self.has_store:
-                self._items.clear()
-                self._values.clear()
-                for index in self._indices.values():
-                    index.clear()
-                for obj in items:
-                    self._put(obj)
-        for on_replace, on_event in handlers:
+        old, new = self.store.replace(items) if self.store is not None else ({}, {})
+        for stored, on_replace, on_event in handlers:
             try:
-                on_replace(items)
+                on_replace(old, new) if stored else on_replace(items)
             except Exception as e:  # as a lone Reflector does: object by object
                 logger.warning(
                     "{} list: a handler failed ({}: {}); taking the {} objects one by one",
                     self.kind, type(e).__name__, e, len(items),
                 )  # fmt: skip
                 try:
-                    on_replace([])
+                    on_replace(old, {}) if stored else on_replace([])
                 except Exception as e2:
                     logger.error("{} list: a handler failed on an empty list too ({}: {})",
                                  self.kind, type(e2).__name__, e2)  # fmt: skip
                     self.reflector.handler_errors += 1
                     continue
+                if not stored:
+                    for obj in items:
+                        self.reflector.deliver("ADDED", obj, on_event)
+                    continue
                 for obj in items:
-                    self.reflector.deliver("ADDED", obj, on_event)
+                    key = self.store.key_of(obj) if self.store is not None else ""
+                    if key in new:
+                        self.reflector.deliver("ADDED", obj, _stored(on_event, key, None, new[key]))
 
     def _event(self, kind: str, obj: Obj) -> None:
         with self._lock:
             self._delivered = True
             handlers = list(self._handlers)
-            if self.has_store:
-                if kind == "DELETED":
-                    self._drop(object_key(obj))
-                else:
-                    self._put(obj)
-        for _, on_event in handlers:
-            self.reflector.deliver(kind, obj, on_event)
+        key, old, new = self.store.apply(kind, obj) if self.store is not None else ("", None, None)
+        for stored, _, on_event in handlers:
+            self.reflector.deliver(
+                kind, obj, _stored(on_event, key, old, new) if stored else on_event
+            )
 
-    def _put(self, obj: Obj) -> None:
-        key = object_key(obj)
-        if not key:
-            return
-        self._drop(key)
-        self._items[key] = obj
-        for name in self._indexers:
-            self._index_one(name, key, obj)
 
-    def _drop(self, key: str) -> None:
-        if self._items.pop(key, None) is None:
-            return
-        for name, values in self._values.pop(key, {}).items():
-            index = self._indices[name]
-            for value in values:
-                keys = index.get(value)
-                if keys is not None:
-                    keys.discard(key)
-                    if not keys:
-                        del index[value]
-
-    def _index_one(self, name: str, key: str, obj: Obj) -> None:
-        try:
-            values = [v for v in self._indexers[name](obj) if isinstance(v, str)]
-        except Exception as e:  # a bad object is not indexed; it stays in the store
-            logger.debug("{} informer: indexer {} refused {}: {}", self.kind, name, key, e)
-            return
-        if not values:
-            return
-        self._values.setdefault(key, {})[name] = values
-        index = self._indices[name]
-        for value in values:
-            index.setdefault(value, set()).add(key)
+def _stored(on_changed: OnChanged, key: str, old: Any, new: Any) -> OnEvent:
+    """A store handler's `on_changed`, called as the Reflector calls a plain handler
+    (so its failures are counted and logged by object alike)."""
+    return lambda kind, _obj: on_changed(kind, key, old, new)
 
 
 class InformerFactory:
@@ -260,7 +376,7 @@ class InformerFactory:
 
     Every informer gets its own `Backoff(0.5, backoff_max_s)` and the same clock and
     watch timeout. Asking again for a key returns the same informer; asking with another
-    kind, transform, page size, store or `optional` is a programming error (ValueError):
+    kind, transform, page size, store, keep, key or `optional` is a programming error (ValueError):
     two parts of a program would otherwise each believe their own form was kept.
     """
 
@@ -286,29 +402,32 @@ class InformerFactory:
         page_size: int | None = None,
         *,
         store: bool = True,
+        keep: Keep | None = None,
+        key: KeyFunc = object_key,
         optional: str = "",
         backoff: Backoff | None = None,
     ) -> Informer:
         """The one informer for (path, query). `kind` names it in logs, readiness and
-        metrics; `transform`, `page_size` and `optional` are the Reflector's; `backoff`
-        replaces the factory's for this informer (used only when it is built)."""
-        key = (path, tuple(sorted((query or {}).items())))
-        found = self._informers.get(key)
+        metrics; `transform`, `page_size` and `optional` are the Reflector's; `keep` and
+        `key` the store's (`Store`); `backoff` replaces the factory's for this informer
+        (used only when it is built)."""
+        ident = (path, tuple(sorted((query or {}).items())))
+        found = self._informers.get(ident)
         if found is None:
             found = Informer(
                 self.client, kind, path, query=query, transform=transform,
-                page_size=page_size, store=store, optional=optional,
+                page_size=page_size, store=store, keep=keep, key=key, optional=optional,
                 backoff=backoff or Backoff(0.5, self.backoff_max_s), clock=self.clock,
                 watch_timeout_s=self.watch_timeout_s,
             )  # fmt: skip
-            self._informers[key] = found
+            self._informers[ident] = found
             return found
         asked = {"kind": kind, "transform": transform, "page_size": page_size,
-                 "store": store, "optional": optional}  # fmt: skip
+                 "store": store, "keep": keep, "key": key, "optional": optional}  # fmt: skip
         for name, value in asked.items():
             if getattr(found, "has_store" if name == "store" else name) != value:
                 raise ValueError(
-                    f"informer for {path} {dict(key[1])}: asked with {name}={value!r},"
+                    f"informer for {path} {dict(ident[1])}: asked with {name}={value!r},"
                     f" but it was built with another (one form per resource and selector)"
                 )
         return found

@@ -33,14 +33,13 @@ from gpudaemon.cluster.metrics import BadDataCollector, DraCollector
 from gpudaemon.cluster.plugins import build_profile, check_plugins
 from gpudaemon.cluster.policies import build_policies, policy_spec
 from gpudaemon.cluster.reservations import REBALANCER_LEASE, Reservation
-from gpudaemon.cluster.selectors import POD_FORM, POD_SELECTOR, pending_selector
+from gpudaemon.cluster.selectors import POD_FORM, pending_selector
 from gpudaemon.config import RebalancerSettings
 from gpudaemon.errors import ConfigError
 from gpudaemon.httpserver import HttpServer
 from gpudaemon.kube.client import KubeClient, find_credentials
-from gpudaemon.kube.informers import InformerFactory
+from gpudaemon.kube.informers import InformerFactory, Store, uid_key
 from gpudaemon.kube.leader import LeaderElector
-from gpudaemon.kube.lease import lease_path
 from gpudaemon.kube.runner import Runner, observability_app
 from gpudaemon.labels.annotations import GpuState, decode_gpus
 from gpudaemon.labels.keys import GPUS_ANNOTATION
@@ -124,8 +123,7 @@ class Rebalancer:
             dra=cfg.dra.enabled,
         )
         self.product_label = self.cluster.product_label
-        self._lock = threading.Lock()  # guards `pending`
-        self.pending: dict[str, PodFacts] = {}  # by UID: this scheduler's unbound pods
+        self._lock = threading.Lock()  # guards the Lease state against the passes
         self.limits = RateLimit(
             self.rb.max_evictions_per_minute, self.rb.max_evictions_per_node, clock
         )
@@ -167,21 +165,17 @@ class Rebalancer:
         f = self.informers = InformerFactory(
             client, backoff_max_s=cfg.kubernetes.backoff_max_seconds, clock=clock
         )
-        # No store for Nodes, bound pods and Leases: ClusterState keeps them in its own,
-        # smaller form (the planner's readings among them, as its views).
-        nodes = f.informer("nodes", "/api/v1/nodes", store=False)
-        nodes.add_handler(c.replace_nodes, c.node_event)
+        # Nodes and bound pods: their stores hold ClusterState's records of them (the
+        # planner's readings among them, as its views), which it reads as its view.
+        nodes, _, _ = c.watch(f, cfg.kubernetes.lease_namespace)
         nodes.add_handler(self.grant_watch.replace, self.grant_watch.node_event)
         # Last: a drain pass it wakes sees the nodes.
         nodes.add_handler(self.sick_watch.replace, self.sick_watch.node_event)
-        bound = f.informer("pods", "/api/v1/pods", {"fieldSelector": POD_SELECTOR},
-                           store=False, **POD_FORM)  # fmt: skip
-        bound.add_handler(c.replace_pods, c.pod_event)
-        leases = f.informer("leases", lease_path(cfg.kubernetes.lease_namespace), store=False)
-        leases.add_handler(c.replace_leases, c.lease_event)
         mine = {"fieldSelector": pending_selector(self.rb.scheduler_name)}
-        pending = f.informer("pending", "/api/v1/pods", mine, store=False, **POD_FORM)
-        pending.add_handler(self._pending_replace, self._pending_event)
+        pending = f.informer("pending", "/api/v1/pods", mine, keep=self._pending_keep,
+                             key=uid_key, **POD_FORM)  # fmt: skip
+        assert pending.store is not None  # store=True above
+        self._pending: Store = pending.store  # by UID: this scheduler's unbound pods
         if cfg.dra.enabled:  # pods holding a sick GPU through a DRA claim
             dra_informers(f, c)
             self.passes.claim_holders = c.dra_holders
@@ -216,18 +210,23 @@ class Rebalancer:
     def _parse(self, obj: Mapping[str, Any]) -> PodFacts | None:
         return pod_facts(obj, self.product_label, self.selector)
 
+    def _pending_keep(self, obj: Mapping[str, Any]) -> PodFacts | None:
+        """The pending store's form of a pod; None (not kept) once it has a node."""
+        pod = self._parse(obj)
+        return None if pod is None or pod.node else pod
+
+    @property
+    def pending(self) -> dict[str, PodFacts]:
+        """This scheduler's unbound pods by UID, as of now (a copy)."""
+        return {p.uid: p for p in self._pending.items()}
+
     def _pending_replace(self, items: list[dict[str, Any]]) -> None:
-        with self._lock:
-            self.pending = {p.uid: p for o in items if (p := self._parse(o)) is not None}
+        """A relist, into the store (what the informer does)."""
+        self._pending.replace(items)
 
     def _pending_event(self, kind: str, obj: dict[str, Any]) -> None:
-        uid = str((obj.get("metadata") or {}).get("uid") or "")
-        with self._lock:
-            pod = None if kind == "DELETED" else self._parse(obj)
-            if pod is None or pod.node:
-                self.pending.pop(uid, None)
-            else:
-                self.pending[uid] = pod
+        """A watch event, into the store (what the informer does)."""
+        self._pending.apply(kind, obj)
 
     def synced(self) -> bool:
         return self.runner.synced()
@@ -235,8 +234,7 @@ class Rebalancer:
     # -- state kept on the Lease -----------------------------------------------------
 
     def _pending_uids(self) -> frozenset[str]:
-        with self._lock:
-            return frozenset(self.pending)
+        return frozenset(self._pending.keys())
 
     def _lease_annotations(self) -> dict[str, str]:
         """Written with every Lease write: the reservations the extender honours."""
