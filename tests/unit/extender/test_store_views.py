@@ -10,14 +10,21 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from gpudaemon.cluster.clusterstate import BoundPod, ClusterState, NodeRecord
 from gpudaemon.cluster.state import PodShape
+from gpudaemon.config import Config, load_config
 from gpudaemon.errors import KubeGoneError
+from gpudaemon.extender.app import Extender
 from gpudaemon.extender.pods import PendingPods, RealPod
 from gpudaemon.kube.informers import InformerFactory, Store, uid_key
 from gpudaemon.kube.lease import lease_path
+from gpudaemon.rebalancer.app import Rebalancer
 from tests.unit.extender.test_cluster import P, lease_obj, node_obj, pod_obj
 from tests.unit.extender.test_gang import gang_pod
+from tests.unit.extender.test_registry import NoApi
+from tests.unit.rebalancer.fake_kube import FakeKube
 from tests.unit.test_informers import ScriptedClient
 
 PRODUCT = P + "gpu.product"
@@ -241,3 +248,30 @@ def test_a_pending_pod_that_binds_leaves_the_store_and_its_gang() -> None:
     assert [p.uid for p in pending.gang_members("default/train")] == ["g2"]
     assert inf.keys() == ["g2"] and pending.get("g1") is None
     assert pending.waits_at_permit("default/train")  # Coscheduling's: they may wait
+
+
+def test_the_extender_reads_its_informers_stores_and_keeps_no_store_less_informer() -> None:
+    cfg = load_config(None, environ={})
+    ext = Extender(cfg, client=NoApi(), registry=CollectorRegistry())  # type: ignore[arg-type]
+    by_kind = {inf.kind: inf for inf in ext.informers.informers}
+    assert {"nodes", "pods", "leases", "pending"} <= set(by_kind)
+    assert all(inf.store is not None for inf in by_kind.values())
+    by_kind["nodes"].store.apply("ADDED", node_obj("a", gpus=4))  # type: ignore[union-attr]
+    by_kind["pending"].store.apply("ADDED", pod_obj("w1", gpus=2))  # type: ignore[union-attr]
+    st = ext.cluster.states(["a"])["a"]
+    assert st is not None and st.gpus_allocatable == 4
+    got = ext.pending.get("w1")
+    assert got is not None and got.shape.gpus == 2 and len(ext.pending) == 1
+
+
+def test_the_rebalancer_reads_its_pending_pods_from_the_informer_store() -> None:
+    cfg = Config.model_validate({"node_name": "test", "rebalance": {"dry_run": True}})
+    rb = Rebalancer(cfg, "rb-a", client=FakeKube(), registry=CollectorRegistry())  # type: ignore[arg-type]
+    by_kind = {inf.kind: inf for inf in rb.informers.informers}
+    pending = by_kind["pending"].store
+    assert pending is not None and by_kind["nodes"].store is not None
+    pending.apply("ADDED", pod_obj("w1", gpus=2))
+    pending.apply("ADDED", pod_obj("w2", "n1", gpus=1))  # bound: not pending, not kept
+    assert set(rb.pending) == {"w1"} and rb._pending_uids() == frozenset({"w1"})
+    by_kind["nodes"].store.apply("ADDED", node_obj("n1", gpus=8))
+    assert rb.cluster.states(["n1"])["n1"] is not None
