@@ -264,8 +264,10 @@ def test_pods_asking_for_no_gpu_fill_the_node_whose_gpus_are_all_taken(
     group, nodes = make_group(rig, 4)
     full = rig.create_pod(8, group, node=nodes[0])  # bound directly: every GPU taken
     wait_for(
-        lambda: (st := ext.api.framework.cluster.states([nodes[0]])[nodes[0]]) is not None
-        and st.gpus_free == 0,
+        lambda: (
+            (st := ext.api.framework.cluster.states([nodes[0]])[nodes[0]]) is not None
+            and st.gpus_free == 0
+        ),
         timeout=30,
         what="the extender sees the node full",
     )
