@@ -742,6 +742,22 @@ def account(outcomes: dict[str, Outcome], total_gpus: int) -> tuple[float, float
     return at100[0], 100.0 * (total_gpus - alloc) / total_gpus, at100[1], skipped, late
 
 
+def skipped_by_100(
+    outcomes: dict[str, Outcome], seq: list[PodRow], total_gpus: int
+) -> list[list[int]]:
+    """The pods skipped before 100% arrived, as [GPUs, CPU milli, memory MiB]: which
+    shapes a configuration turned away (the figures say only how many GPUs)."""
+    arrived, out = 0, []
+    for name, o in sorted(outcomes.items(), key=lambda no: no[1].rv):
+        if arrived >= total_gpus:
+            break
+        arrived += o.gpus
+        if o.node is None:
+            row = seq[int(name[1:])]
+            out.append([row.gpus, row.cpu_milli, row.memory_mib])
+    return out
+
+
 # -- the table ----------------------------------------------------------------------
 
 
@@ -892,7 +908,7 @@ def main() -> int:
                     u100, u130, s100, s130, late = account(outcomes, total)
                     r = RunResult(
                         config, list_name, seed, len(seq), u100, u130, s100, s130, wall, late,
-                        args.window
+                        args.window, {"skipped_100": skipped_by_100(outcomes, seq, total)},
                     )  # fmt: skip
                     results.append(r)
                     if args.json:  # after every run: an interrupted bench keeps its figures
