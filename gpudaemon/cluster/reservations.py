@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from loguru import logger
@@ -139,6 +139,14 @@ def decode(text: object, max_until: float = math.inf) -> list[Reservation]:
             seen.add(r.uid)
             out.append(r)
     return out
+
+
+class KeptRooms(Protocol):
+    """The rooms the rebalancer keeps, by node, as a program knows them: the extender
+    from the rebalancer's Lease (`LeaseReservations`), the rebalancer from its own
+    memory (rebalancer/state.py `LeaseState`). What the `reserved` plug-in reads."""
+
+    def in_force(self, now: float) -> Mapping[str, Sequence[Reservation]]: ...
 
 
 class LeaseReservations:

@@ -34,8 +34,8 @@ from gpudaemon.cluster.plugins import (
     tiered,
     weighted_sum,
 )
-from gpudaemon.cluster.podspec import POLICY_ANNOTATION, pod_gang, pod_policy, pod_shape
-from gpudaemon.cluster.policies import Policy, UnknownPolicyError
+from gpudaemon.cluster.podspec import pod_gang, pod_policy, pod_shape
+from gpudaemon.cluster.policies import Policy, UnknownPodPolicy, UnknownPolicyError, choose_policy
 from gpudaemon.cluster.reservations import LeaseReservations
 from gpudaemon.cluster.scoring import MAX_SCORE, Rejection, ScoreMemo, Scorer, best_nodes, rank
 from gpudaemon.cluster.state import NodeState, PodShape
@@ -46,7 +46,6 @@ from gpudaemon.extender.pods import PodVerifier
 from gpudaemon.extender.verdicts import VerdictTable, VerdictTables
 from gpudaemon.httpserver import Readiness
 
-MIG_POLICY = "migpack"  # pods of MIG devices alone, unless their annotation says otherwise
 # Requests naming at least this many nodes are answered from the verdict tables
 # (verdicts.py); smaller ones cost less judged afresh than the tables cost to keep.
 TABLE_MIN_NODES = 64
@@ -60,10 +59,6 @@ class NotReady(RuntimeError):
     """The caches have not listed yet: answered 503, so the scheduler retries soon.
     Empty caches would judge every node "no agent data" and the scheduler would park
     the pod as unschedulable."""
-
-
-class UnknownPodPolicy(ValueError):
-    """The pod's annotation names no registered policy: every node fails with this."""
 
 
 @dataclass
@@ -132,20 +127,11 @@ class Framework:
 
     def policy_for(self, pod: Mapping[str, Any], shape: PodShape | None = None) -> Policy:
         """The pod's policy (annotation), else MIG packing for a pod of MIG devices
-        alone, else the default. An unknown name is an error the scheduler shows the
-        user, not a silent fallback."""
-        chosen = pod_policy(pod)
-        if chosen is None:
-            if shape is not None and shape.mig and not shape.gpus and MIG_POLICY in self.policies:
-                return self.policies[MIG_POLICY]
-            return self.policies[self.default_policy]
-        policy = self.policies.get(chosen)
-        if policy is None:
-            raise UnknownPodPolicy(
-                f"gpudaemon: unknown policy {chosen!r} in annotation {POLICY_ANNOTATION}"
-                f" (known: {', '.join(sorted(self.policies))})"
-            )
-        return policy
+        alone, else the default (cluster/policies/choice.py, the rule the rebalancer
+        follows too). An unknown name is an error the scheduler shows the user
+        (`UnknownPodPolicy`), not a silent fallback."""
+        default = self.policies[self.default_policy]
+        return choose_policy(pod_policy(pod), shape, self.policies, default)
 
     def _real_pod(self, pod: Mapping[str, Any], shape: PodShape) -> RealPod | None:
         """(UID, requests, gang) of the real pod behind the body, or None: then nothing

@@ -75,8 +75,26 @@ DRAIN_GAP_S = 0.25
 RESET_POLL_S = 1.0
 
 
+GANG_INDEX = "gang"  # the pending store's index: "ns/podgroup" -> its pending pods
+
+
 def cordoned(nodes: Mapping[str, NodeFacts]) -> frozenset[str]:
     return frozenset(n for n, f in nodes.items() if f.unschedulable)
+
+
+class PendingPods:
+    """The pending store as the plug-ins read pending pods (cluster/plugins/base.py
+    `PendingView`): by UID, and by gang through the store's index."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def get(self, uid: str) -> PodFacts | None:
+        got: PodFacts | None = self.store.get(uid)
+        return got
+
+    def gang_members(self, gang: str) -> list[PodFacts]:
+        return list(self.store.by_index(GANG_INDEX, gang))
 
 
 class Rebalancer:
@@ -135,31 +153,11 @@ class Rebalancer:
             state_key=STATE_ANNOTATION, save=self.state.save, load=self.state.load,
             annotations=self._lease_annotations,
         )  # fmt: skip
-        # Where a pod would land: the extender's own plug-in profile (`extender.plugins`),
-        # built as the extender builds it, so a victim is placed by the extender's rules.
-        ext = cfg.extender
-        handle = PlacementHandle(
-            self.cluster, self.policies, ext.avoid_unhealthy_nodes, ext.prefer_healthy_gpus
-        )
-        self.profile = build_profile(ext.plugins, handle)
-        self.passes = Pass(
-            self.rb, self.policy, self.metrics, self.actions, self.state, self.elector,
-            self._pending_uids, clock, self.profile,
-        )  # fmt: skip
         # Set by the Node watch when a GPU newly needs a drain, and by close().
         self.wake = threading.Event()
         self.sick_watch = SickWatch(self.gpus_key, self.wake)
         # GPU resets in place (remediation.reset_gpu): the grants on the Nodes.
         self.grant_watch = GrantWatch(cfg.labels.prefix + GRANT_ANNOTATION)
-        if cfg.remediation.reset_gpu:
-            rem = cfg.remediation
-            self.passes.resets = ResetGrants(
-                rem, self.rb.dry_run, client, self.grant_watch,
-                count=lambda result: self.metrics.resets.labels(result).inc(),
-                breaker=lambda is_open: self.metrics.reset_breaker_open.set(1 if is_open else 0),
-                checkpoint=self.elector.checkpoint, wall=wall,
-            )  # fmt: skip
-            self.passes.reset_grace_s = rem.drain_grace_s
         c = self.cluster
         # One list + watch per resource and selector; each cache registers its handlers.
         f = self.informers = InformerFactory(
@@ -176,6 +174,29 @@ class Rebalancer:
                              key=uid_key, **POD_FORM)  # fmt: skip
         assert pending.store is not None  # store=True above
         self._pending: Store = pending.store  # by UID: this scheduler's unbound pods
+        self._pending.add_indexer(GANG_INDEX, lambda p: [p.gang] if p.gang else [])
+        # Where a pod would land: the extender's own plug-in profile (`extender.plugins`),
+        # built as the extender builds it, so a victim is placed by the extender's rules;
+        # `reserved` reads this replica's pending pods and the rooms it keeps itself.
+        ext = cfg.extender
+        handle = PlacementHandle(
+            self.cluster, self.policies, ext.avoid_unhealthy_nodes, ext.prefer_healthy_gpus,
+            pending=PendingPods(self._pending), reservations=self.state,
+        )  # fmt: skip
+        self.profile = build_profile(ext.plugins, handle)
+        self.passes = Pass(
+            self.rb, self.policy, self.metrics, self.actions, self.state, self.elector,
+            self._pending_uids, clock, self.profile, self.policies,
+        )  # fmt: skip
+        if cfg.remediation.reset_gpu:
+            rem = cfg.remediation
+            self.passes.resets = ResetGrants(
+                rem, self.rb.dry_run, client, self.grant_watch,
+                count=lambda result: self.metrics.resets.labels(result).inc(),
+                breaker=lambda is_open: self.metrics.reset_breaker_open.set(1 if is_open else 0),
+                checkpoint=self.elector.checkpoint, wall=wall,
+            )  # fmt: skip
+            self.passes.reset_grace_s = rem.drain_grace_s
         if cfg.dra.enabled:  # pods holding a sick GPU through a DRA claim
             dra_informers(f, c)
             self.passes.claim_holders = c.dra_holders

@@ -14,7 +14,7 @@ from gpudaemon.rebalancer.resets import RESULTS as RESET_RESULTS
 RESULTS = ("planned", "done", "refused_pdb", "failed")
 SKIPS = ("bare_pod", "stale", "rate_limited", "refused_pdb", "api_error", "max_reservations")
 # Why no room is made for a pending pod at all (kind "defrag" only).
-DEFRAG_SKIPS = ("never_fits", "cannot_judge", "namespace", "scheduler", "backoff")
+DEFRAG_SKIPS = ("never_fits", "cannot_judge", "unknown_policy", "namespace", "scheduler", "backoff")
 
 
 class RebalancerMetrics:
@@ -35,6 +35,8 @@ class RebalancerMetrics:
             "counted with each Event (per pod at most every 10 min): never_fits (no node "
             "could run it even emptied), "
             "cannot_judge (its placement depends on what the caches cannot tell), "
+            "unknown_policy (its gpudaemon.io/policy annotation names no registered "
+            "policy: the extender places it on no node), "
             "namespace (not in rebalance.namespaces), scheduler (another scheduler's pod), "
             "backoff (its room was made and it still did not schedule).",
             ["kind", "reason"],

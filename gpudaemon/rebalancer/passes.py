@@ -39,10 +39,10 @@ MAX_BACKOFF_PODS = 10_000
 
 
 class Pass:
-    """What passes share: the settings, the policy and the extender's plug-in profile
-    (where a pod would land: planner.Placer), the series, the rate limit and the Lease
-    state; `pending_uids` is read when a reservation is made (the pods still pending
-    then)."""
+    """What passes share: the settings, the default policy, the registered ones (a
+    pod's annotation may name one) and the extender's plug-in profile (where a pod
+    would land: planner.Placer), the series, the rate limit and the Lease state;
+    `pending_uids` is read when a reservation is made (the pods still pending then)."""
 
     def __init__(
         self,
@@ -55,9 +55,11 @@ class Pass:
         pending_uids: Callable[[], Container[str]],
         clock: Callable[[], float],
         profile: Profile | None = None,
+        policies: Mapping[str, Policy] | None = None,
     ) -> None:
         self.rb, self.policy, self.metrics, self.actions = rb, policy, metrics, actions
         self.profile = profile  # None: the default `extender.plugins`
+        self.policies = policies  # None: `policy` alone
         self.state, self.limits, self.elector = state, state.limits, elector
         self.pending_uids, self.clock = pending_uids, clock
         self.namespaces = frozenset(rb.namespaces)  # empty: every namespace
@@ -154,8 +156,9 @@ class Pass:
         cooldown = max(2 * self.rb.interval_s, 30.0)  # its evictions still settling
         self.forget_rooms({p.uid for p in pending})
         placer = Placer(
-            states, fresh, nodes, self.policy, by_node, profile=self.profile, degraded=degraded
-        )
+            states, fresh, nodes, self.policy, by_node, profile=self.profile, degraded=degraded,
+            policies=self.policies, now=self.state.wall(),
+        )  # fmt: skip
         for pod in pending:
             if pod.shape.gpus <= 0 or pod.shape.mig or pod.gang or not pod.unschedulable:
                 continue  # not a pod defragmentation makes room for
@@ -216,7 +219,8 @@ class Pass:
     def _refuse(self, pod: PodFacts, placer: Placer) -> str:
         """The reason no room is made for `pod` at all ("" when it may be): another
         scheduler's pod, a namespace not in rebalance.namespaces, a pod no node could
-        run even emptied, or one whose placement the caches cannot foresee."""
+        run even emptied, one whose placement the caches cannot foresee, or one whose
+        policy annotation names no registered policy (the extender places it nowhere)."""
         if pod.scheduler != self.rb.scheduler_name:  # the watch selects them; a guard
             self._skip(pod, "scheduler", f"it is for scheduler {pod.scheduler!r}", event=False)
             return "scheduler"

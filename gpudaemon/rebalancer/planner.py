@@ -7,8 +7,10 @@ extender sees it (its `NodeState`s, free-GPU count and policies) and of the pods
   fresh; never for `watch` (a degraded GPU);
 - **defragment**: for a pending GPU pod that fits on no node, the fewest evictions on
   one node that make it fit, where every evicted pod fits on another node now (placed
-  by the extender's own plug-in profile, `extender.plugins`, one after the other). All
-  or nothing, as KAI-Scheduler's Consolidate: a plan that does not hold is not started.
+  by the extender's own plug-in profile, `extender.plugins`, one after the other, each
+  scored by its own policy and kept out of the room the rebalancer keeps for another
+  pending pod). All or nothing, as KAI-Scheduler's Consolidate: a plan that does not
+  hold is not started.
 
 Nothing here calls the API; `app.py` acts on the plans.
 """
@@ -23,6 +25,7 @@ from typing import Any
 from gpudaemon.cluster.checks import Rejection
 from gpudaemon.cluster.clusterstate import ClusterState, Snapshot
 from gpudaemon.cluster.plugins import (
+    BY_POD,
     POD,
     Cycle,
     CycleState,
@@ -30,12 +33,13 @@ from gpudaemon.cluster.plugins import (
     PendingView,
     Profile,
     build_profile,
+    per_node,
     tiered,
     weighted_sum,
 )
-from gpudaemon.cluster.podspec import pod_gang, pod_shape
-from gpudaemon.cluster.policies.base import Policy
-from gpudaemon.cluster.reservations import LeaseReservations
+from gpudaemon.cluster.podspec import pod_gang, pod_policy, pod_shape
+from gpudaemon.cluster.policies import Policy, UnknownPodPolicy, choose_policy
+from gpudaemon.cluster.reservations import KeptRooms
 from gpudaemon.cluster.scoring import ScoreMemo, Scorer
 from gpudaemon.cluster.selectors import unschedulable_since
 from gpudaemon.cluster.state import NodeState, PodShape
@@ -79,6 +83,9 @@ class PodFacts:
     # "ns/podgroup" (spec.schedulingGroup or scheduling.x-k8s.io/pod-group), "" if none
     gang: str = ""
     scheduler: str = ""  # spec.schedulerName
+    # Its gpudaemon.io/policy annotation, cut as podspec.pod_policy cuts it (None: none):
+    # it is scored by that policy wherever the extender places it.
+    policy: str | None = None
 
     @property
     def key(self) -> str:
@@ -122,6 +129,7 @@ def pod_facts(
         unschedulable=unschedulable_since(obj) is not None,
         gang=pod_gang(obj),
         scheduler=str(spec.get("schedulerName") or ""),
+        policy=pod_policy(obj),
     )
 
 
@@ -177,7 +185,7 @@ def _without(st: NodeState, pods: Sequence[PodFacts]) -> NodeState:
 class Refusal:
     """Why no room is made for a pending pod at all: `reason` is a metric label."""
 
-    reason: str  # "cannot_judge" | "never_fits"
+    reason: str  # "cannot_judge" | "unknown_policy" | "never_fits"
     message: str
 
 
@@ -198,18 +206,18 @@ def repellers(
 @dataclass
 class PlacementHandle:
     """The rebalancer's handle for building the extender's plug-in profile
-    (cluster/plugins/base.py `Handle`). `pending` and `reservations` stay None: the
-    plug-ins that read the extender's pending pods and its reading of the rebalancer's
-    Lease (`reserved`, and `gang`'s count of a gang still to place) then have no say,
-    and no placement the rebalancer foresees depends on them: it moves no gang pod and
-    makes room for none, and the room it keeps is for the pod it made it for."""
+    (cluster/plugins/base.py `Handle`). `pending`: the rebalancer's own pending pods;
+    `reservations`: the rooms it keeps itself (state.py `LeaseState`), so `reserved`
+    keeps a victim out of the room kept for another pending pod. None (the default,
+    for tests and callers without them): `reserved` has no say. `gang` has none either
+    way: the rebalancer moves no gang pod and makes room for none."""
 
     cluster: ClusterState
     policies: dict[str, Policy]
     avoid_unhealthy: bool = True
     prefer_healthy_gpus: bool = True
     pending: PendingView | None = None
-    reservations: LeaseReservations | None = None
+    reservations: KeptRooms | None = None
 
 
 _DEFAULT: list[Profile] = []
@@ -229,12 +237,14 @@ class _Rules:
     scorers with their weights. `own`: a node's rank depends on its own state alone (one
     score plug-in and no tier with a say), so a node a victim was placed on is scored
     again alone; otherwise the sum is normalised over the nodes, and they are ranked
-    together again."""
+    together again. `key`: the kind (requests, policy, and the pod itself when a
+    plug-in judges it alone: `BY_POD`)."""
 
     state: CycleState
     filters: tuple[NodeFilter, ...]
     scorers: tuple[tuple[Scorer, int], ...]
     own: bool
+    key: tuple[Any, ...] = ()
 
 
 class Placer:
@@ -246,7 +256,13 @@ class Placer:
     a score of every node per evicted pod (at 5,000 nodes that was seconds per pending
     pod). A host passes the profile's filters and every filter `fits` can judge:
     resources against what the node's pods request, selectors, affinity, taints, and
-    other pods' required anti-affinity. `profile`: None for the default one."""
+    other pods' required anti-affinity. `profile`: None for the default one.
+
+    Each pod is scored by its own policy, by the extender's rule (cluster/policies/
+    choice.py): its annotation's, migpack for MIG devices alone, else `policy` (the
+    default). `policies`: the registered ones an annotation may name (None: `policy`
+    alone). A pod whose annotation names none fits nowhere, as the extender fails every
+    node for it. `now`: the wall clock, for the rooms kept (`reserved`)."""
 
     def __init__(
         self,
@@ -258,8 +274,12 @@ class Placer:
         *,
         profile: Profile | None = None,
         degraded: Collection[str] = frozenset(),
+        policies: Mapping[str, Policy] | None = None,
+        now: float = 0.0,
     ) -> None:
         self.states, self.facts, self.policy = states, facts, policy
+        self.policies = dict(policies) if policies is not None else {policy.name: policy}
+        self.now = now
         # Every node named (a filter reads fresh[n]).
         self.fresh = {n: fresh.get(n, False) for n in states}
         self.running = running or {}
@@ -268,7 +288,8 @@ class Placer:
         self._used: dict[str, dict[str, int]] = {}
         self.repellers = repellers(facts, self.running)
         self._memo = ScoreMemo(max_shapes=1 << 16)
-        self._rules: dict[PodShape, _Rules] = {}
+        self._rules: dict[tuple[Any, ...], _Rules] = {}  # by kind (`_Rules.key`)
+        self._pod_rules: dict[tuple[Any, ...], _Rules] = {}  # by pod
         # By signature: the hosts, best first, and what each is ranked by.
         self._ranked: dict[tuple[Any, ...], tuple[list[str], Mapping[str, Any]]] = {}
         self._refusals: dict[tuple[Any, ...], Refusal | None] = {}
@@ -284,22 +305,50 @@ class Placer:
     def excluded(self, pod: PodFacts) -> set[tuple[str, str]]:
         return excluded_domains(pod.fit, self.repellers) if self.repellers else set()
 
+    def policy_error(self, pod: PodFacts) -> str:
+        """Why the extender places `pod` nowhere by its policy ("" when it may): its
+        annotation names no registered policy. Such a pod is never moved, and never
+        made room for."""
+        try:
+            choose_policy(pod.policy, pod.shape, self.policies, self.policy)
+        except UnknownPodPolicy as e:
+            return str(e).removeprefix("gpudaemon: ")
+        return ""
+
     def rules(self, pod: PodFacts) -> _Rules:
-        """The profile's filters, scorers and tiers for this kind of pod (its shape: the
-        rebalancer's pods are judged by the default policy, and by no reservation)."""
-        got = self._rules.get(pod.shape)
+        """The profile's filters, scorers and tiers for this pod: one set per kind of
+        pod (its requests, its policy, and what else a PreFilter judges it by: `BY_POD`,
+        its priority and whether a room kept is its own)."""
+        ident = (pod.uid, pod.key, pod.shape, pod.policy, pod.priority)
+        got = self._pod_rules.get(ident)
         if got is None:
-            state = CycleState()
-            state.write(POD, Cycle({}, pod.shape, self.policy, "", 0.0))
-            for p in self.profile.pre_filters:
-                p.pre_filter(state)
+            got = self._pod_rules[ident] = self._rules_of(pod)
+        return got
+
+    def _rules_of(self, pod: PodFacts) -> _Rules:
+        try:
+            policy = choose_policy(pod.policy, pod.shape, self.policies, self.policy)
+        except UnknownPodPolicy as e:
+            # As the extender answers: every node fails, with the reason.
+            why = Rejection("unknown_policy", str(e).removeprefix("gpudaemon: "))
+            return _Rules(CycleState(), (per_node(lambda st, ok: why),), (), True)
+        state = CycleState()
+        # What the plug-ins read of the pod (`reserved`: its UID and priority).
+        obj = {"metadata": {"uid": pod.uid, "namespace": pod.namespace, "name": pod.name},
+               "spec": {"priority": pod.priority}}  # fmt: skip
+        state.write(POD, Cycle(obj, pod.shape, policy, pod.uid, self.now))
+        for p in self.profile.pre_filters:
+            p.pre_filter(state)
+        key = (pod.shape, policy.name, state.get(BY_POD))
+        got = self._rules.get(key)
+        if got is None:
             filters = tuple(c for f in self.profile.filters if (c := f.filter(state)) is not None)
             scorers = tuple(
                 (s, w) for p, w in self.profile.scores if (s := p.scorer(state)) is not None
             )
             say = any(t.has_say(state, bool(self.degraded)) for t in self.profile.tiers)
-            got = _Rules(state, filters, scorers, len(scorers) <= 1 and not say)
-            self._rules[pod.shape] = got
+            got = _Rules(state, filters, scorers, len(scorers) <= 1 and not say, key)
+            self._rules[key] = got
         return got
 
     def admits(self, pod: PodFacts, node: str, st: NodeState) -> bool:
@@ -344,7 +393,9 @@ class Placer:
 
     def _sig(self, pod: PodFacts) -> tuple[Any, ...]:
         labels = (pod.fit.namespace, tuple(sorted(pod.fit.labels.items())))
-        return (pod.shape, pod.fit.signature, labels if self.repellers else None)
+        rules = self.rules(pod)
+        kind = rules.key or (pod.shape, pod.policy)  # () for a policy no one registered
+        return (kind, pod.fit.signature, labels if self.repellers else None)
 
     def _ranking(self, pod: PodFacts) -> tuple[list[str], Mapping[str, Any]]:
         sig = self._sig(pod)
@@ -379,6 +430,8 @@ class Placer:
         if pending.cannot_judge:
             return Refusal("cannot_judge", "cannot tell whether the scheduler would place "
                            f"it: {pending.cannot_judge}")  # fmt: skip
+        if why := self.policy_error(pending):
+            return Refusal("unknown_policy", f"the extender places it on no node: {why}")
         sig = self._sig(pending)
         if sig not in self._refusals:
             self._refusals[sig] = self._never_fits(pending)
@@ -435,7 +488,7 @@ class Placer:
                 return None
             base = changed.get(chosen) or self.states[chosen]
             assert base is not None
-            changed[chosen] = base.with_placed(v.shape)
+            changed[chosen] = _placed(base, v.shape)
             extra = added.setdefault(chosen, {})
             for r, q in v.fit.requests.items():
                 extra[r] = extra.get(r, 0) + q
@@ -458,6 +511,14 @@ class Placer:
             if best is None or cand < best:
                 best = cand
         return best[1] if best is not None else None
+
+
+def _placed(st: NodeState, shape: PodShape) -> NodeState:
+    """The node after a victim lands on it, counted as bound, not assumed: the
+    filters judge what is bound (`gpus_free_bound`), and the next victim must not be
+    counted into a room kept for another pod that this one already takes."""
+    after = st.with_placed(shape)
+    return replace(after, gpus_assumed=st.gpus_assumed, mig_assumed=st.mig_assumed)
 
 
 def _own_score(rules: _Rules, st: NodeState, shape: PodShape) -> float:
@@ -485,6 +546,8 @@ def defragment(
     if pending.gang or not pending.unschedulable:
         return None  # a gang needs room for all its pods; an untried pod may fit yet
     placer = placer or Placer(states, fresh, facts, policy, running)
+    if placer.policy_error(pending):
+        return None  # the extender would place it nowhere, whatever is evicted
     if placer.fits_now(pending):
         return None  # the scheduler will place it; nothing to move
     excluded = placer.excluded(pending)
@@ -509,6 +572,8 @@ def defragment(
                 and p.priority <= pending.priority and p.shape.gpus > 0 and not p.shape.mig
                 # A gang runs as one unit: evicting one member breaks the whole job.
                 and not p.gang
+                # The extender places it nowhere: its replacement would stay pending.
+                and not placer.policy_error(p)
             ),
             key=lambda p: (-p.shape.gpus, p.key),
         )  # fmt: skip

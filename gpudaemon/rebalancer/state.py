@@ -112,6 +112,17 @@ class LeaseState:
         }
         return sorted(self.reservations.values(), key=lambda r: r.until)
 
+    def in_force(self, now: float) -> Mapping[str, Sequence[Reservation]]:
+        """The rooms this replica keeps now, by node (cluster/reservations.py
+        `KeptRooms`): what the `reserved` plug-in reads when the planner foresees where a
+        moved pod lands, so no victim is planned into room kept for another pod. Its own
+        memory, never the pods' annotations (anyone may write those)."""
+        by_node: dict[str, list[Reservation]] = {}
+        for r in list(self.reservations.values()):
+            if r.until > now:
+                by_node.setdefault(r.node, []).append(r)
+        return by_node
+
     def annotations(self, pending: Container[str]) -> dict[str, str]:
         """Written with every Lease write: the reservations the extender honours."""
         return {RESERVATIONS_ANNOTATION: encode(self.live_reservations(pending))}

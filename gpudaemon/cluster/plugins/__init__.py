@@ -8,6 +8,7 @@ where the extender would place a pod (rebalancer/planner.py `Placer`)."""
 from __future__ import annotations
 
 from gpudaemon.cluster.plugins.base import (
+    BY_POD,
     KINDS,
     MAX_NODE_SCORE,
     POD,
@@ -47,6 +48,7 @@ from gpudaemon.cluster.plugins.registry import (
 
 __all__ = [
     "BUILT_IN",
+    "BY_POD",
     "KINDS",
     "MAX_NODE_SCORE",
     "POD",

@@ -33,7 +33,7 @@ handle gives from the older top-level keys (`avoid_unhealthy_nodes`, ...).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict
 from gpudaemon.cluster.checks import Rejection
 from gpudaemon.cluster.clusterstate import ClusterState, Snapshot
 from gpudaemon.cluster.policies.base import Policy
-from gpudaemon.cluster.reservations import LeaseReservations
+from gpudaemon.cluster.reservations import KeptRooms
 from gpudaemon.cluster.scoring import Scorer
 from gpudaemon.cluster.state import NodeState, PodShape
 
@@ -118,6 +118,11 @@ class Cycle:
 
 
 POD: StateKey[Cycle] = StateKey("pod")
+# Written by a PreFilter whose verdicts depend on more of the pod than its requests and
+# policy (`reserved` with a room in force: its priority, and its UID when a room is its
+# own): that more, as a hashable value. A caller that judges pods by kind (the
+# rebalancer's Placer) judges pods alike only when they give the same value.
+BY_POD: StateKey[Hashable] = StateKey("by_pod")
 
 
 class PendingPod(Protocol):
@@ -145,9 +150,10 @@ class PendingView(Protocol):
 
 class Handle(Protocol):
     """What a plug-in's factory may use: the program's shared state, and the older
-    top-level keys that give plug-ins their default arguments. `pending` and
-    `reservations` are the extender's (None elsewhere: the plug-ins that read them
-    then have no say)."""
+    top-level keys that give plug-ins their default arguments. `pending`: the program's
+    pending pods; `reservations`: the rooms the rebalancer keeps, as the program knows
+    them (the extender: from the rebalancer's Lease; the rebalancer: its own). None
+    where a program has none: the plug-ins that read them then have no say."""
 
     @property
     def cluster(self) -> ClusterState: ...
@@ -165,7 +171,7 @@ class Handle(Protocol):
     def pending(self) -> PendingView | None: ...
 
     @property
-    def reservations(self) -> LeaseReservations | None: ...
+    def reservations(self) -> KeptRooms | None: ...
 
 
 # (the node's state, None when unknown; whether its agent data is fresh) -> why not
@@ -278,6 +284,7 @@ class PluginSpec:
 
 
 __all__ = [
+    "BY_POD",
     "KINDS",
     "MAX_NODE_SCORE",
     "POD",

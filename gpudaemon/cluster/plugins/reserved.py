@@ -1,7 +1,9 @@
 """Filter `reserved`: the room the rebalancer keeps on a node for another pending pod
 (it evicted pods to make it, and said so on its Lease), which a pod of no higher
-priority may not take. Honoured only with the pending-pods cache (a verifier), so only
-for pods seen unbound."""
+priority may not take. Honoured only with the program's pending pods: in the extender
+with its verifier's cache, and the rooms read from the rebalancer's Lease; in the
+rebalancer (foreseeing where a moved pod lands) with its own pending pods and the
+rooms it keeps itself."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import NamedTuple
 
 from gpudaemon.cluster.checks import Rejection
 from gpudaemon.cluster.plugins.base import (
+    BY_POD,
     POD,
     CycleState,
     Handle,
@@ -20,7 +23,7 @@ from gpudaemon.cluster.plugins.base import (
     per_node,
 )
 from gpudaemon.cluster.podspec import pod_priority
-from gpudaemon.cluster.reservations import LeaseReservations, Reservation, held_on
+from gpudaemon.cluster.reservations import KeptRooms, Reservation, held_on
 from gpudaemon.cluster.state import NodeState, PodShape
 
 
@@ -35,7 +38,7 @@ KEPT: StateKey[Kept] = StateKey("reserved")
 class Reserved:
     name = "reserved"
 
-    def __init__(self, pending: PendingView | None, reservations: LeaseReservations | None):
+    def __init__(self, pending: PendingView | None, reservations: KeptRooms | None):
         self.pending = pending
         self.reservations = reservations
 
@@ -52,6 +55,10 @@ class Reserved:
         known = pending.get(uid) if uid else None
         priority = known.priority if known is not None else pod_priority(cycle.pod)
         state.write(KEPT, Kept(kept, priority))
+        # What its verdicts depend on beyond its requests: its priority, and its UID
+        # only where a room is its own.
+        own = any(r.uid == uid for rooms in kept.values() for r in rooms) if uid else False
+        state.write(BY_POD, (priority, uid if own else ""))
 
     def filter(self, state: CycleState) -> NodeFilter | None:
         here_kept = state.get(KEPT)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from gpudaemon.cluster.policies.base import Policy, PolicySpec
 from gpudaemon.cluster.policies.binpack import BinPack
+from gpudaemon.cluster.policies.choice import MIG_POLICY, UnknownPodPolicy, choose_policy
 from gpudaemon.cluster.policies.registry import (
     BUILT_IN,
     UnknownPolicyError,
@@ -20,12 +21,15 @@ from gpudaemon.cluster.policies.spread import Spread
 
 __all__ = [
     "BUILT_IN",
+    "MIG_POLICY",
     "BinPack",
     "Policy",
     "PolicySpec",
     "Spread",
+    "UnknownPodPolicy",
     "UnknownPolicyError",
     "build_policies",
+    "choose_policy",
     "known_policies",
     "policy_spec",
     "register",

@@ -123,6 +123,8 @@ class OneRound:
 
 def test_at_most_max_reservations_live() -> None:
     other = pod("other", gpus=8, unschedulable=True)
+    # Of lower priority than `big`, so its room is no bar to big's plan (`reserved`).
+    other["spec"]["priority"] = -1
     rb, kube, clock = rig(apply=True, max_reservations=1)
     load(rb, clock, NODES, RUNNING, [BIG, other])
     rb.passes.reserve(rb.pending["uid-other"], "n4")  # a room already kept
