@@ -175,6 +175,13 @@ class Rebalancer:
         assert pending.store is not None  # store=True above
         self._pending: Store = pending.store  # by UID: this scheduler's unbound pods
         self._pending.add_indexer(GANG_INDEX, lambda p: [p.gang] if p.gang else [])
+        # The policies learn as the extender's do (one model): node capacities from the
+        # Node store, the workload from the pods arriving at our scheduler (the pods the
+        # extender sees at /filter), each UID once. Without it a learning policy
+        # (fragmentation) would rank victims' hosts with an empty workload.
+        for p in self.policies.values():
+            self.cluster.add_node_listener(p)
+        pending.add_store_handler(self._learn_all, self._learn)
         # Where a pod would land: the extender's own plug-in profile (`extender.plugins`),
         # built as the extender builds it, so a victim is placed by the extender's rules;
         # `reserved` reads this replica's pending pods and the rooms it keeps itself.
@@ -235,6 +242,15 @@ class Rebalancer:
         """The pending store's form of a pod; None (not kept) once it has a node."""
         pod = self._parse(obj)
         return None if pod is None or pod.node else pod
+
+    def _learn_all(self, old: Mapping[str, PodFacts], new: Mapping[str, PodFacts]) -> None:
+        for key, pod in new.items():
+            self._learn("ADDED", key, old.get(key), pod)
+
+    def _learn(self, kind: str, key: str, old: PodFacts | None, new: PodFacts | None) -> None:
+        if new is not None and old is None and new.shape.wants_gpus:
+            for p in self.policies.values():
+                p.observe_pod(new.uid, new.shape)
 
     @property
     def pending(self) -> dict[str, PodFacts]:

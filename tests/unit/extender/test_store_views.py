@@ -275,3 +275,24 @@ def test_the_rebalancer_reads_its_pending_pods_from_the_informer_store() -> None
     assert set(rb.pending) == {"w1"} and rb._pending_uids() == frozenset({"w1"})
     by_kind["nodes"].store.apply("ADDED", node_obj("n1", gpus=8))
     assert rb.cluster.states(["n1"])["n1"] is not None
+
+
+def test_the_rebalancers_policies_learn_as_the_extenders_do() -> None:
+    """One model: the rebalancer's fragmentation policy learns node capacities from its
+    Node store and the workload from the pods arriving at its scheduler (each UID once),
+    as the extender's learns at /filter; before, it ranked victims' hosts with an empty
+    workload (every node's fragmentation 0)."""
+    cfg = Config.model_validate({"node_name": "test", "rebalance": {"dry_run": True}})
+    rb = Rebalancer(cfg, "rb-a", client=FakeKube(), registry=CollectorRegistry())  # type: ignore[arg-type]
+    by_kind = {inf.kind: inf for inf in rb.informers.informers}
+    policy = rb.policy
+    assert policy.name == "fragmentation-model"
+    workload = policy.workload  # type: ignore[attr-defined]
+    by_kind["pending"]._replace([pod_obj("w1", gpus=2)])
+    by_kind["pending"]._event("ADDED", pod_obj("w2", gpus=1))
+    by_kind["pending"]._event("MODIFIED", pod_obj("w2", gpus=1))  # the same pod: once
+    by_kind["pending"]._event("ADDED", pod_obj("cpu", gpus=0))  # no GPU: not a GPU pod
+    assert workload.observed == 2
+    assert sorted(t.shape.gpus for t in workload.typical()[1]) == [1, 2]
+    by_kind["nodes"]._replace([node_obj("n1", gpus=8)])
+    assert set(policy._nodes) == {"n1"}  # type: ignore[attr-defined]  # its capacity counts
