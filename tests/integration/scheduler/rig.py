@@ -266,8 +266,11 @@ class SchedulerRig:
         )
         return name
 
-    def create_mig_pod(self, group: str, profile: str, count: int = 1) -> str:
-        """A pod asking for MIG devices of one profile (limits only, as users write it)."""
+    def create_mig_pod(
+        self, group: str, profile: str, count: int = 1, node: str | None = None
+    ) -> str:
+        """A pod asking for MIG devices of one profile (limits only, as users write it);
+        `node`: bound there at creation (no scheduler involved)."""
         name = f"m-{uuid.uuid4().hex[:8]}"
         spec: dict[str, Any] = {
             "schedulerName": "gpudaemon-scheduler",
@@ -284,6 +287,8 @@ class SchedulerRig:
             ],
             "terminationGracePeriodSeconds": 0,
         }
+        if node:
+            spec["nodeName"] = node
         self.cp.admin.request(
             "POST",
             f"/api/v1/namespaces/{NS}/pods",

@@ -55,12 +55,9 @@ def test_mig_pods_fill_the_partly_used_node_first_and_spare_whole_gpus(
     label = rig.cp.node(nodes["partly"])["metadata"]["labels"]
     assert label["gpudaemon.io/mig-1g.10gb.count"] == "7"  # the agent's mixed labels
     assert label["gpudaemon.io/mig-1g.10gb.memory"] == "9728"
-    # The partly used node: two 1g.10gb devices already held by a bound pod.
-    pre = rig.create_mig_pod(group, "1g.10gb", 2)
-    rig.cp.admin.request(
-        "POST", f"/api/v1/namespaces/default/pods/{pre}/binding",
-        body={"target": {"kind": "Node", "name": nodes["partly"]}, "metadata": {"name": pre}},
-    )  # fmt: skip
+    # The partly used node: two 1g.10gb devices already held by a pod bound at creation
+    # (created unbound and then bound by hand, the scheduler could place it first).
+    rig.create_mig_pod(group, "1g.10gb", 2, node=nodes["partly"])
     ext = rig.extender
     assert ext is not None
     wait_for(
