@@ -52,6 +52,8 @@ Capacity = tuple[str, int, int, int]  # (gpu model, allocatable GPUs, CPU milli,
 _UNFIT = -1e18  # a node that cannot host the pod (the filter removes it anyway)
 _MEMO_LIMIT = 100_000  # node states memoized (~25 MiB) before the memo starts over
 _SCALE = 1000  # share_s in thousandths: weights stay integers
+PRIOR_FRACTION = 0.9  # of a node class's CPU and memory, for its whole-node prior shape
+PRIOR_SHAPES = 16  # whole-node prior shapes at most (the rarest hosts first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,10 +144,54 @@ def _fits(shape: PodShape, cap: Capacity) -> bool:
     )
 
 
+def _prior_amount(x: int) -> int:
+    """PRIOR_FRACTION of x, rounded down to 1/16-1/32 of itself: node classes that
+    differ by a kubelet reservation get the same prior shape."""
+    v = int(x * PRIOR_FRACTION)
+    step = 1 << max(0, v.bit_length() - 5)
+    return v - v % step
+
+
+def whole_node_shapes(capacity: Counter[Capacity]) -> tuple[TypicalPod, ...]:
+    """The prior: one pod of each node class's whole size, as if seen once (demand k).
+
+    A learned workload knows only the shapes it has seen, so a node class that alone
+    can host some big shape (an 8-GPU pod wanting 120 cores) is unprotected until such
+    a pod arrives, and the packing term alone prefers it for small pods when it has
+    more CPU per GPU. Counting one whole-node pod per class keeps the rarest capacity
+    whole until something needs it; its weight is one arrival's, so learned demand
+    outweighs it as the window fills.
+
+    Shapes that fit the same node classes count once, and at most PRIOR_SHAPES are
+    kept, those with the fewest GPUs able to host them first.
+    """
+    caps = [c for c in capacity if c[1] >= 1]
+    shapes = {
+        PodShape(gpus=g, cpu_milli=_prior_amount(cpu), memory_bytes=_prior_amount(mem))
+        for _, g, cpu, mem in caps
+    }
+    by_hosts: dict[frozenset[Capacity], PodShape] = {}
+    for shape in sorted(shapes, key=lambda s: (-s.gpus, -s.cpu_milli, -s.memory_bytes)):
+        by_hosts.setdefault(frozenset(c for c in caps if _fits(shape, c)), shape)
+    ranked = sorted(
+        by_hosts.items(), key=lambda hs: (sum(c[1] * capacity[c] for c in hs[0]), -hs[1].gpus)
+    )
+    return tuple(TypicalPod(s, s.gpus) for _, s in ranked[:PRIOR_SHAPES])
+
+
 class _Tables:
     """The weighted typical set, arranged for one fragmentation evaluation per state."""
 
-    def __init__(self, typical: Sequence[TypicalPod], capacity: Counter[Capacity]) -> None:
+    def __init__(
+        self,
+        typical: Sequence[TypicalPod],
+        capacity: Counter[Capacity],
+        prior: Sequence[TypicalPod] | None = None,
+    ) -> None:
+        seen = {t.shape for t in typical}
+        if prior is None:
+            prior = whole_node_shapes(capacity)
+        typical = [*typical, *(t for t in prior if t.shape not in seen)]
         total = sum(cap[1] * n for cap, n in capacity.items())
         weighted: list[TypicalPod] = []
         for t in typical:
@@ -234,6 +280,7 @@ class Fragmentation:
         self._capacity_version = 0
         self._capacity_applied = 0
         self._applied: Counter[Capacity] = Counter()  # what the tables use
+        self._prior: tuple[TypicalPod, ...] | None = None  # whole_node_shapes(_applied)
         self._seen_pods: OrderedDict[str, None] = OrderedDict()
 
     # -- learning ---------------------------------------------------------------------
@@ -248,6 +295,7 @@ class Fragmentation:
             if self._capacity_applied != self._capacity_version:
                 self._capacity_applied = self._capacity_version
                 self._applied = Counter(self._capacity)
+                self._prior = None
             if uid:
                 if uid in self._seen_pods:
                     new = False
@@ -310,7 +358,16 @@ class Fragmentation:
         self, wversion: int, typical: Sequence[TypicalPod], capacity: Counter[Capacity]
     ) -> _Tables:
         """The tables for one typical set and capacity count (a variant's hook)."""
-        return _Tables(typical, capacity)
+        return _Tables(typical, capacity, self.prior(capacity))
+
+    def prior(self, capacity: Counter[Capacity]) -> tuple[TypicalPod, ...]:
+        """`whole_node_shapes` of the applied capacities, kept until they change: with
+        every node its own class it costs classes x shapes, too much per refresh.
+        Called under the lock, by `_refresh`. A workload fixed by configuration is
+        what the operator says it is: no prior is added to it."""
+        if self._prior is None:
+            self._prior = () if self.workload.fixed else whole_node_shapes(capacity)
+        return self._prior
 
     def scores_version(self) -> object:
         """The tables' version: they change only at `observe`, so scores taken between

@@ -159,8 +159,9 @@ class _ModelTables(_Tables):
         typical: Sequence[TypicalPod],
         capacity: Counter[Capacity],
         groups: dict[ModelSet, int],
+        prior: Sequence[TypicalPod] | None = None,
     ) -> None:
-        super().__init__(typical, capacity)
+        super().__init__(typical, capacity, prior)
         self.pinned = pinned_shares(groups, capacity)
         self.unit = sum(t.weight for t in self.typical)  # U: a GPU no typical pod can use
         self._free_weight: dict[str, int] = {}
@@ -199,7 +200,7 @@ class ModelFragmentation(Fragmentation):
         if gversion != wversion:  # moved on since `typical` was read: the pair is rebuilt
             wversion, typical = self.workload.typical()
             gversion, groups = self.workload.groups()
-        return _ModelTables(typical, capacity, groups)
+        return _ModelTables(typical, capacity, groups, self.prior(capacity))
 
     def pinned_share(self, model: str) -> float:
         """pinned_M under the current tables (for tests and inspection)."""
