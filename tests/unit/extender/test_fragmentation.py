@@ -3,13 +3,17 @@ and the property that a strictly smaller fragmentation increase always scores hi
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
+from gpudaemon.cluster.policies import fragmentation
 from gpudaemon.cluster.policies.fragmentation import (
     Fragmentation,
     TypicalPod,
     Workload,
     make_fragmentation,
+    whole_node_shapes,
 )
 from gpudaemon.cluster.state import NodeState, PodShape
 from gpudaemon.config import load_config
@@ -328,3 +332,84 @@ def test_a_reader_never_sees_the_new_version_before_the_new_tables(
     frag.observe_pod("b", PodShape(2))  # a new typical set: new tables
     assert seen == [before]
     assert frag.scores_version() != before
+
+
+# -- the whole-node prior --------------------------------------------------------------
+
+
+def learned(*seen: PodShape, nodes: list[NodeState]) -> Fragmentation:
+    """A learning policy that has seen these GPU pods on this cluster."""
+    policy = Fragmentation(Workload(refresh_every=1))
+    for n in nodes:
+        policy.observe_node(n)
+    for i, s in enumerate(seen):
+        policy.observe_pod(f"uid-{i}", s)
+    return policy
+
+
+def test_small_pods_leave_the_rare_big_node_class_whole_before_a_big_pod_is_seen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The openb default list's case: 549 8-GPU 96-core nodes and 39 8-GPU 128-core
+    ones, every node empty, and only 1-GPU pods seen so far. A 1-GPU 11-core pod on a
+    96-core node leaves as many copies of the seen 19-core shape as before (5, then 4
+    of 7 free), and on a 128-core node one more (6 of 8, then 6 of 7), so the packing
+    term alone starts a 128-core node, the only class an unseen 8-GPU 120-core pod can
+    use. The prior (one whole-node pod per class) keeps that class whole."""
+    cluster = [node(f"g2-{i}", cpu=96, mem_gib=384) for i in range(14)]
+    cluster.append(node("g3", model="G3", cpu=128, mem_gib=768))
+    seen = [shape(1, 19, 60)] * 3 + [shape(1, 11, 40)] * 5
+    pod = shape(1, 11, 40)
+    policy = learned(*seen, nodes=cluster)
+    assert policy.raw_score(cluster[0], pod) > policy.raw_score(cluster[-1], pod)
+    # Without the prior the same policy starts the big node: the test can tell.
+    monkeypatch.setattr(fragmentation, "PRIOR_SHAPES", 0)
+    policy = learned(*seen, nodes=cluster)
+    assert policy.raw_score(cluster[0], pod) < policy.raw_score(cluster[-1], pod)
+
+
+def test_whole_node_shapes_one_per_set_of_hosts_rarest_first() -> None:
+    """Classes that differ by a kubelet reservation share a shape; a shape that fits
+    the same classes as a bigger one is dropped; the rarest hosts come first, and each
+    weighs one arrival (its GPUs)."""
+    gib = GIB
+    capacity = Counter(
+        {
+            ("G2", 8, 96_000, 384 * gib): 50,
+            ("G2", 8, 96_000, 384 * gib - 300 * 2**20): 40,  # a larger reservation
+            ("G3", 8, 128_000, 768 * gib): 3,
+            ("T4", 2, 16_000, 64 * gib): 20,
+            ("T4", 0, 16_000, 64 * gib): 5,  # no GPUs: no shape
+        }
+    )
+    prior = whole_node_shapes(capacity)
+    assert [(t.shape.gpus, t.shape.cpu_milli // 1000, t.weight) for t in prior] == [
+        (8, 114, 8),  # fits only the 3 G3 nodes
+        (8, 86, 8),  # the 90 G2 nodes (both reservations) and G3
+        (2, 14, 2),  # everything with 2 GPUs or more
+    ]
+    assert all(t.shape.gpu_models is None for t in prior)
+
+
+def test_at_most_prior_shapes_whole_node_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    capacity = Counter({("G2", g, 8_000 * g, 32 * g * GIB): 1 for g in range(1, 9)})
+    assert len(whole_node_shapes(capacity)) == 8
+    monkeypatch.setattr(fragmentation, "PRIOR_SHAPES", 3)
+    assert [t.shape.gpus for t in whole_node_shapes(capacity)] == [8, 7, 6]
+
+
+def test_a_fixed_workload_gets_no_prior() -> None:
+    cluster = [node("small"), node("big", model="G3", cpu=128, mem_gib=768)]
+    policy = fixed((shape(1, 16, 60), 1), nodes=cluster)
+    assert policy.fragmentation(node("big", model="G3", cpu=128, mem_gib=768, used=1)) == 0
+
+
+def test_the_prior_follows_the_node_classes() -> None:
+    """Computed once per set of capacities, and again when a new class appears."""
+    policy = learned(shape(1), nodes=[node("small")])
+    big_used = node("big", model="G3", cpu=128, mem_gib=768, used=1)
+    before = policy.fragmentation(big_used)
+    policy.observe_node(node("big", model="G3", cpu=128, mem_gib=768))
+    policy.observe_pod("next", shape(1))
+    # The 128-core class's own whole-node shape no longer fits it once one GPU is used.
+    assert policy.fragmentation(big_used) > before
