@@ -54,6 +54,7 @@ _MEMO_LIMIT = 100_000  # node states memoized (~25 MiB) before the memo starts o
 _SCALE = 1000  # share_s in thousandths: weights stay integers
 PRIOR_FRACTION = 0.9  # of a node class's CPU and memory, for its whole-node prior shape
 PRIOR_SHAPES = 16  # whole-node prior shapes at most (the rarest hosts first)
+PRIOR_CANDIDATES = 64  # whole-node shapes tried for the prior (the biggest first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,20 +163,25 @@ def whole_node_shapes(capacity: Counter[Capacity]) -> tuple[TypicalPod, ...]:
     whole until something needs it; its weight is one arrival's, so learned demand
     outweighs it as the window fills.
 
-    Shapes that fit the same node classes count once, and at most PRIOR_SHAPES are
-    kept, those with the fewest GPUs able to host them first.
+    Shapes that fit the same node classes count once (told apart by how many classes
+    and GPUs can host them), and at most PRIOR_SHAPES are kept, those with the fewest
+    GPUs able to host them first. Only the PRIOR_CANDIDATES biggest shapes are tried,
+    so thousands of distinct capacities cost what the learned shapes' weights do
+    (shapes x classes), not classes squared.
     """
     caps = [c for c in capacity if c[1] >= 1]
     shapes = {
         PodShape(gpus=g, cpu_milli=_prior_amount(cpu), memory_bytes=_prior_amount(mem))
         for _, g, cpu, mem in caps
     }
-    by_hosts: dict[frozenset[Capacity], PodShape] = {}
-    for shape in sorted(shapes, key=lambda s: (-s.gpus, -s.cpu_milli, -s.memory_bytes)):
-        by_hosts.setdefault(frozenset(c for c in caps if _fits(shape, c)), shape)
-    ranked = sorted(
-        by_hosts.items(), key=lambda hs: (sum(c[1] * capacity[c] for c in hs[0]), -hs[1].gpus)
-    )
+    biggest = sorted(shapes, key=lambda s: (-s.gpus, -s.cpu_milli, -s.memory_bytes))
+    # Keyed by (GPUs able to host it, classes able): the same hosts give the same key.
+    by_hosts: dict[tuple[int, int], PodShape] = {}
+    for shape in biggest[:PRIOR_CANDIDATES]:
+        g, cpu, mem = shape.gpus, shape.cpu_milli, shape.memory_bytes  # any model: _fits
+        hosts = [c for c in caps if c[1] >= g and c[2] >= cpu and c[3] >= mem]
+        by_hosts.setdefault((sum(c[1] * capacity[c] for c in hosts), len(hosts)), shape)
+    ranked = sorted(by_hosts.items(), key=lambda hs: (hs[0], -hs[1].gpus))
     return tuple(TypicalPod(s, s.gpus) for _, s in ranked[:PRIOR_SHAPES])
 
 
