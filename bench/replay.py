@@ -8,8 +8,8 @@ the chart's scheduler follows when in-tree scores do not differ
 
 It leaves out what only the real programs do: kube-scheduler's batching, retries of
 unschedulable pods, and pods placed out of order. It is a screen for policy changes,
-not a result: a figure goes in docs/benchmarks.md only from `bench/openb`. On the
-seeds compared there (2026-11-27) it gave the real runs' figures to the hundredth.
+not a result: a figure goes in docs/benchmarks.md only from `bench/openb`. On the six
+runs compared there (2026-11-27) it gave five of the real figures to the hundredth.
 """
 
 from __future__ import annotations
