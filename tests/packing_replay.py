@@ -20,36 +20,18 @@ from gpudaemon.cluster.policies.registry import policy_spec
 from gpudaemon.cluster.scoring import best
 from gpudaemon.cluster.state import NodeState, PodShape
 from gpudaemon.config import load_config
+from tests.packing_optimum import NodeLike, PodLike
 
 GPULESS = ("full_nodes_first", "random", "policy")
 
 
-class NodeRow(Protocol):
+class NodeRow(NodeLike, Protocol):
     @property
     def name(self) -> str: ...
-    @property
-    def cpu_milli(self) -> int: ...
-    @property
-    def memory_mib(self) -> int: ...
-    @property
-    def gpus(self) -> int: ...
-    @property
-    def model(self) -> str: ...
-
-
-class PodRow(Protocol):
-    @property
-    def cpu_milli(self) -> int: ...
-    @property
-    def memory_mib(self) -> int: ...
-    @property
-    def gpus(self) -> int: ...
-    @property
-    def gpu_spec(self) -> tuple[str, ...]: ...
 
 
 def replay(
-    rows: Sequence[NodeRow], seq: Sequence[PodRow], seed: int, policy_name: str, gpuless: str
+    rows: Sequence[NodeRow], seq: Sequence[PodLike], seed: int, policy_name: str, gpuless: str
 ) -> tuple[float, float, list[list[int]]]:
     """(unallocated GPU % when arrived GPU requests reach the cluster's GPUs, at the
     end, the pods turned away by then as [GPUs, CPU milli, memory MiB])."""
