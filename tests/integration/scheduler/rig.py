@@ -137,7 +137,13 @@ class SchedulerRig:
     # -- nodes and agents -----------------------------------------------------------
 
     def add_node(
-        self, name: str, group: str, gpus: int = 8, extra: dict[str, str] | None = None
+        self,
+        name: str,
+        group: str,
+        gpus: int = 8,
+        extra: dict[str, str] | None = None,
+        cpu: str = "64",
+        memory: str = "512Gi",
     ) -> None:
         """`extra`: more allocatable resources (MIG devices, as the device plugin's mixed
         strategy advertises them)."""
@@ -148,15 +154,15 @@ class SchedulerRig:
             "status": {
                 "capacity": {
                     "nvidia.com/gpu": str(gpus),
-                    "cpu": "64",
-                    "memory": "512Gi",
+                    "cpu": cpu,
+                    "memory": memory,
                     "pods": "110",
                     **(extra or {}),
                 },
                 "allocatable": {
                     "nvidia.com/gpu": str(gpus),
-                    "cpu": "64",
-                    "memory": "512Gi",
+                    "cpu": cpu,
+                    "memory": memory,
                     "pods": "110",
                     **(extra or {}),
                 },
@@ -230,10 +236,14 @@ class SchedulerRig:
         selector: dict[str, str] | None = None,
         labels: dict[str, str] | None = None,
         spec_extra: dict[str, Any] | None = None,
+        cpu: str | None = None,
+        memory: str | None = None,
+        annotations: dict[str, str] | None = None,
     ) -> str:
-        """`spec_extra`: more pod spec fields (a native gang's schedulingGroup)."""
+        """`spec_extra`: more pod spec fields (a native gang's schedulingGroup); `cpu`
+        and `memory`: requests (one core and 8 GiB per GPU unless given)."""
         name = name or f"p-{uuid.uuid4().hex[:8]}"
-        res: dict[str, Any] = {"cpu": f"{gpus}", "memory": f"{gpus * 8}Gi"}
+        res: dict[str, Any] = {"cpu": cpu or f"{gpus}", "memory": memory or f"{gpus * 8}Gi"}
         if gpus:
             res["nvidia.com/gpu"] = str(gpus)
         spec: dict[str, Any] = {
@@ -260,7 +270,11 @@ class SchedulerRig:
             body={
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"name": name, "labels": labels or {}},
+                "metadata": {
+                    "name": name,
+                    "labels": labels or {},
+                    "annotations": annotations or {},
+                },
                 "spec": spec,
             },
         )

@@ -281,6 +281,41 @@ def test_pods_asking_for_no_gpu_fill_the_node_whose_gpus_are_all_taken(
     assert placed == [nodes[0]] * 12, placed
 
 
+def test_a_small_pod_leaves_the_one_big_node_class_whole(rig: SchedulerRig) -> None:
+    """Issue 40's loss on the openb `default` list, through the real kube-scheduler:
+    every node empty, CPU-heavy 1-GPU pods seen (19 cores), and a 1-GPU 11-core pod
+    that must start a node. Without the whole-node prior the fragmentation policy starts
+    the 128-core node (one more 19-core pod fits beside it there than on a 96-core
+    node), the only one an 8-GPU 120-core pod could use; with it, a 96-core node. The
+    big node sorts first by name, so a tie would choose it too."""
+    group = uuid.uuid4().hex[:6]
+    big, small = f"{group}-a-big", [f"{group}-b{i}" for i in range(4)]
+    rig.add_node(big, group, cpu="128", memory="768Gi")
+    for n in small:
+        rig.add_node(n, group, cpu="96", memory="384Gi")
+    nodes = [big, *small]
+    rig.run_agents(nodes)
+    rig.wait_extender_sees(nodes)
+    policy = {"gpudaemon.io/policy": "fragmentation-model"}  # the product's default
+    taught = []
+    for cpu, mem in [("19", "60Gi")] * 6 + [("11", "40Gi")] * 4:  # the workload seen
+        taught.append(rig.create_pod(1, group, cpu=cpu, memory=mem, annotations=policy))
+        rig.wait_bound(taught[-1])
+    rig.delete_pods(taught)
+    ext = rig.extender
+    assert ext is not None
+
+    def empty() -> bool:
+        states = ext.api.framework.cluster.states(nodes)
+        return all(s is not None and s.cpu_requested_milli == 0 for s in states.values())
+
+    wait_for(empty, timeout=30, what="the extender to see every node empty again")
+    probe = rig.create_pod(1, group, cpu="11", memory="40Gi", annotations=policy)
+    placed = rig.wait_bound(probe)
+    rig.delete_pods([probe])
+    assert placed in small, f"a 1-GPU pod started the 128-core node {placed}"
+
+
 def test_while_the_extender_is_away_gpu_pods_wait_then_schedule_when_it_is_back(
     rig: SchedulerRig,
 ) -> None:
