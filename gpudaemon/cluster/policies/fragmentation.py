@@ -54,7 +54,8 @@ _MEMO_LIMIT = 100_000  # node states memoized (~25 MiB) before the memo starts o
 _SCALE = 1000  # share_s in thousandths: weights stay integers
 PRIOR_FRACTION = 0.9  # of a node class's CPU and memory, for its whole-node prior shape
 PRIOR_SHAPES = 16  # whole-node prior shapes at most (the rarest hosts first)
-PRIOR_CANDIDATES = 64  # whole-node shapes tried for the prior (the biggest first)
+PRIOR_CANDIDATES = 64  # whole-node shapes tried for the prior
+PRIOR_MAX_GPUS = 64  # node classes claiming more GPUs get no prior shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,25 +164,40 @@ def whole_node_shapes(capacity: Counter[Capacity]) -> tuple[TypicalPod, ...]:
     whole until something needs it; its weight is one arrival's, so learned demand
     outweighs it as the window fills.
 
-    Shapes that fit the same node classes count once (told apart by how many classes
-    and GPUs can host them), and at most PRIOR_SHAPES are kept, those with the fewest
-    GPUs able to host them first. Only the PRIOR_CANDIDATES biggest shapes are tried,
-    so thousands of distinct capacities cost what the learned shapes' weights do
-    (shapes x classes), not classes squared.
+    Shapes that fit the same node classes count once, and at most PRIOR_SHAPES are
+    kept, those with the fewest GPUs able to host them first. At most PRIOR_CANDIDATES
+    shapes are tried (half the biggest, half the rarest classes' own), so thousands of
+    distinct capacities cost what the learned shapes' weights do (shapes x classes),
+    not classes squared.
     """
-    caps = [c for c in capacity if c[1] >= 1]
+    # A node claiming more GPUs than any machine has is not a class to keep whole: its
+    # weight would swamp every score (a compromised node sets its own allocatable).
+    caps = [c for c in capacity if 1 <= c[1] <= PRIOR_MAX_GPUS]
     shapes = {
         PodShape(gpus=g, cpu_milli=_prior_amount(cpu), memory_bytes=_prior_amount(mem))
         for _, g, cpu, mem in caps
     }
-    biggest = sorted(shapes, key=lambda s: (-s.gpus, -s.cpu_milli, -s.memory_bytes))
-    # Keyed by (GPUs able to host it, classes able): the same hosts give the same key.
-    by_hosts: dict[tuple[int, int], PodShape] = {}
-    for shape in biggest[:PRIOR_CANDIDATES]:
+    if len(shapes) > PRIOR_CANDIDATES:
+        # Half the biggest (they fit the fewest classes), half from the rarest classes.
+        biggest = sorted(shapes, key=lambda s: (-s.gpus, -s.cpu_milli, -s.memory_bytes))
+        rarest = sorted(caps, key=lambda c: (c[1] * capacity[c], c))
+        own = {
+            PodShape(gpus=c[1], cpu_milli=_prior_amount(c[2]), memory_bytes=_prior_amount(c[3]))
+            for c in rarest[: PRIOR_CANDIDATES // 2]
+        }
+        shapes = own | set(biggest[: PRIOR_CANDIDATES - len(own)])
+    # Keyed by the set of classes that can host it (as indices: cheap to hash).
+    by_hosts: dict[frozenset[int], PodShape] = {}
+    for shape in sorted(shapes, key=lambda s: (-s.gpus, -s.cpu_milli, -s.memory_bytes)):
         g, cpu, mem = shape.gpus, shape.cpu_milli, shape.memory_bytes  # any model: _fits
-        hosts = [c for c in caps if c[1] >= g and c[2] >= cpu and c[3] >= mem]
-        by_hosts.setdefault((sum(c[1] * capacity[c] for c in hosts), len(hosts)), shape)
-    ranked = sorted(by_hosts.items(), key=lambda hs: (hs[0], -hs[1].gpus))
+        hosts = frozenset(
+            i for i, c in enumerate(caps) if c[1] >= g and c[2] >= cpu and c[3] >= mem
+        )
+        by_hosts.setdefault(hosts, shape)
+    ranked = sorted(
+        by_hosts.items(),
+        key=lambda hs: (sum(caps[i][1] * capacity[caps[i]] for i in hs[0]), -hs[1].gpus),
+    )
     return tuple(TypicalPod(s, s.gpus) for _, s in ranked[:PRIOR_SHAPES])
 
 
@@ -192,11 +208,9 @@ class _Tables:
         self,
         typical: Sequence[TypicalPod],
         capacity: Counter[Capacity],
-        prior: Sequence[TypicalPod] | None = None,
+        prior: Sequence[TypicalPod] = (),
     ) -> None:
         seen = {t.shape for t in typical}
-        if prior is None:
-            prior = whole_node_shapes(capacity)
         typical = [*typical, *(t for t in prior if t.shape not in seen)]
         total = sum(cap[1] * n for cap, n in capacity.items())
         weighted: list[TypicalPod] = []
@@ -228,8 +242,9 @@ class _Tables:
                     never += t.weight
             fit.sort(key=lambda f: f[0])
             got = (never, tuple(fit))
-            self._by_model[model] = got
+            # The suffix first: a reader that finds the model's entry finds its suffix.
             self._suffix[model] = [sum(f[3] for f in fit[i:]) for i in range(len(fit))]
+            self._by_model[model] = got
         return got
 
     def fragmentation(self, key: NodeKey) -> int:
@@ -364,15 +379,15 @@ class Fragmentation:
         self, wversion: int, typical: Sequence[TypicalPod], capacity: Counter[Capacity]
     ) -> _Tables:
         """The tables for one typical set and capacity count (a variant's hook)."""
-        return _Tables(typical, capacity, self.prior(capacity))
+        return _Tables(typical, capacity, self._applied_prior())
 
-    def prior(self, capacity: Counter[Capacity]) -> tuple[TypicalPod, ...]:
-        """`whole_node_shapes` of the applied capacities, kept until they change: with
-        every node its own class it costs classes x shapes, too much per refresh.
-        Called under the lock, by `_refresh`. A workload fixed by configuration is
-        what the operator says it is: no prior is added to it."""
+    def _applied_prior(self) -> tuple[TypicalPod, ...]:
+        """`whole_node_shapes` of the applied capacities (the `capacity` the tables are
+        built from), kept until they change: with every node its own class it costs
+        classes x shapes, too much per refresh. Called under the lock, by `_refresh`.
+        A workload fixed by configuration is what the operator says it is: no prior."""
         if self._prior is None:
-            self._prior = () if self.workload.fixed else whole_node_shapes(capacity)
+            self._prior = () if self.workload.fixed else whole_node_shapes(self._applied)
         return self._prior
 
     def scores_version(self) -> object:

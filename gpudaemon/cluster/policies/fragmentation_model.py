@@ -35,7 +35,8 @@ Here the workload and the measure are per model:
   unusable_s as in fragmentation.py; shapes that cannot run on M no longer count M's
   GPUs as stranded). The second counts the share of M's free GPUs that no pinned pod
   will claim as stranded for the flexible pods, at U = the whole typical set's weight
-  (a GPU no typical pod can use). Placing k GPUs on M lowers it by
+  (a GPU no typical pod can use; the set includes fragmentation.py's whole-node prior,
+  so U is larger while few pods have been seen). Placing k GPUs on M lowers it by
   U * (1 - pinned_M) * k, so between two models the scarcer one costs
   U * (pinned_M - pinned_M') * k more: the expected pinned GPUs blocked, in the same
   units as the packing term.
@@ -159,7 +160,7 @@ class _ModelTables(_Tables):
         typical: Sequence[TypicalPod],
         capacity: Counter[Capacity],
         groups: dict[ModelSet, int],
-        prior: Sequence[TypicalPod] | None = None,
+        prior: Sequence[TypicalPod] = (),
     ) -> None:
         super().__init__(typical, capacity, prior)
         self.pinned = pinned_shares(groups, capacity)
@@ -200,7 +201,7 @@ class ModelFragmentation(Fragmentation):
         if gversion != wversion:  # moved on since `typical` was read: the pair is rebuilt
             wversion, typical = self.workload.typical()
             gversion, groups = self.workload.groups()
-        return _ModelTables(typical, capacity, groups, self.prior(capacity))
+        return _ModelTables(typical, capacity, groups, self._applied_prior())
 
     def pinned_share(self, model: str) -> float:
         """pinned_M under the current tables (for tests and inspection)."""

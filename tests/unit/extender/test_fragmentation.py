@@ -413,3 +413,35 @@ def test_the_prior_follows_the_node_classes() -> None:
     policy.observe_pod("next", shape(1))
     # The 128-core class's own whole-node shape no longer fits it once one GPU is used.
     assert policy.fragmentation(big_used) > before
+
+
+def test_two_rare_classes_with_equal_counts_keep_a_shape_each() -> None:
+    """4 nodes of 128 cores / 512 GiB and 4 of 96 cores / 1.5 TiB: as many GPUs and
+    classes can host either one's whole-node shape, but not the same ones."""
+    capacity = Counter(
+        {
+            ("G2", 8, 64_000, 256 * GIB): 50,
+            ("A", 8, 128_000, 512 * GIB): 4,
+            ("B", 8, 96_000, 1536 * GIB): 4,
+        }
+    )
+    shapes = {
+        (t.shape.cpu_milli // 1000, t.shape.memory_bytes // GIB)
+        for t in whole_node_shapes(capacity)
+    }
+    assert {(114, 448), (86, 1344)} <= shapes
+
+
+def test_a_node_claiming_implausibly_many_gpus_gets_no_prior_shape() -> None:
+    """A compromised node sets its own allocatable: 4e18 GPUs would weigh 4e18 and
+    drown every score's tie-break in float rounding."""
+    capacity = Counter({("G2", 8, 96_000, 384 * GIB): 10, ("G2", 4 * 10**18, 1000, GIB): 1})
+    assert [t.shape.gpus for t in whole_node_shapes(capacity)] == [8]
+
+
+def test_with_many_classes_the_rarest_still_get_a_shape() -> None:
+    """More distinct shapes than are tried: the one 4 TiB 2-GPU node is among them."""
+    capacity = Counter({("G2", 8, int(64_000 * 1.1**i), 256 * GIB): 10 for i in range(80)})
+    capacity[("T4", 2, 16_000, 4096 * GIB)] = 1
+    shapes = [(t.shape.gpus, t.shape.memory_bytes // GIB) for t in whole_node_shapes(capacity)]
+    assert (2, 3584) in shapes
