@@ -147,8 +147,9 @@ def _fits(shape: PodShape, cap: Capacity) -> bool:
 
 
 def _prior_amount(x: int) -> int:
-    """PRIOR_FRACTION of x, rounded down to 1/16-1/32 of itself: node classes that
-    differ by a kubelet reservation get the same prior shape."""
+    """PRIOR_FRACTION of x, rounded down to a multiple of a power of two between 1/32
+    and 1/16 of it: node classes that differ by a kubelet reservation get the same
+    prior shape."""
     v = int(x * PRIOR_FRACTION)
     step = 1 << max(0, v.bit_length() - 5)
     return v - v % step
