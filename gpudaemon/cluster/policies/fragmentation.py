@@ -155,6 +155,16 @@ def _prior_amount(x: int) -> int:
     return v - v % step
 
 
+def _whole_node(cap: Capacity) -> PodShape:
+    """A class's whole-node prior shape (any model)."""
+    _, gpus, cpu, mem = cap
+    return PodShape(gpus=gpus, cpu_milli=_prior_amount(cpu), memory_bytes=_prior_amount(mem))
+
+
+def _biggest_first(s: PodShape) -> tuple[int, int, int]:
+    return (-s.gpus, -s.cpu_milli, -s.memory_bytes)
+
+
 def whole_node_shapes(capacity: Counter[Capacity]) -> tuple[TypicalPod, ...]:
     """The prior: one pod of each node class's whole size, as if seen once (demand k).
 
@@ -174,22 +184,16 @@ def whole_node_shapes(capacity: Counter[Capacity]) -> tuple[TypicalPod, ...]:
     # A node claiming more GPUs than any machine has is not a class to keep whole: its
     # weight would swamp every score (a compromised node sets its own allocatable).
     caps = [c for c in capacity if 1 <= c[1] <= PRIOR_MAX_GPUS]
-    shapes = {
-        PodShape(gpus=g, cpu_milli=_prior_amount(cpu), memory_bytes=_prior_amount(mem))
-        for _, g, cpu, mem in caps
-    }
+    shapes = {_whole_node(c) for c in caps}
     if len(shapes) > PRIOR_CANDIDATES:
         # Half the biggest (they fit the fewest classes), half from the rarest classes.
-        biggest = sorted(shapes, key=lambda s: (-s.gpus, -s.cpu_milli, -s.memory_bytes))
         rarest = sorted(caps, key=lambda c: (c[1] * capacity[c], c))
-        own = {
-            PodShape(gpus=c[1], cpu_milli=_prior_amount(c[2]), memory_bytes=_prior_amount(c[3]))
-            for c in rarest[: PRIOR_CANDIDATES // 2]
-        }
-        shapes = own | set(biggest[: PRIOR_CANDIDATES - len(own)])
+        own = {_whole_node(c) for c in rarest[: PRIOR_CANDIDATES // 2]}
+        biggest = sorted(shapes, key=_biggest_first)[: PRIOR_CANDIDATES - len(own)]
+        shapes = own | set(biggest)
     # Keyed by the set of classes that can host it (as indices: cheap to hash).
     by_hosts: dict[frozenset[int], PodShape] = {}
-    for shape in sorted(shapes, key=lambda s: (-s.gpus, -s.cpu_milli, -s.memory_bytes)):
+    for shape in sorted(shapes, key=_biggest_first):
         g, cpu, mem = shape.gpus, shape.cpu_milli, shape.memory_bytes  # any model: _fits
         hosts = frozenset(
             i for i, c in enumerate(caps) if c[1] >= g and c[2] >= cpu and c[3] >= mem
