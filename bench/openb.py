@@ -168,11 +168,17 @@ class PodRow:
 
 
 def read_nodes(path: Path) -> list[NodeRow]:
+    out = []
     with path.open(newline="") as f:
-        return [
-            NodeRow(r["sn"], int(r["cpu_milli"]), int(r["memory_mib"]), int(r["gpu"]), r["model"])
-            for r in csv.DictReader(f)
-        ]
+        for i, r in enumerate(csv.DictReader(f)):
+            try:
+                row = NodeRow(
+                    r["sn"], int(r["cpu_milli"]), int(r["memory_mib"]), int(r["gpu"]), r["model"]
+                )
+            except (KeyError, ValueError, TypeError) as e:
+                raise SystemExit(f"{path}: row {i + 2}: bad or missing column ({e})") from None
+            out.append(row)
+    return out
 
 
 def read_pods(path: Path) -> list[PodRow]:
@@ -184,7 +190,7 @@ def read_pods(path: Path) -> list[PodRow]:
                 gpus = 1 if num >= 1 and milli < 1000 else num
                 spec = tuple(m for m in (r.get("gpu_spec") or "").split("|") if m)
                 out.append(PodRow(int(r["cpu_milli"]), int(r["memory_mib"]), gpus, spec))
-            except (KeyError, ValueError) as e:
+            except (KeyError, ValueError, TypeError) as e:
                 raise SystemExit(f"{path}: row {i + 2}: bad or missing column ({e})") from None
     return out
 

@@ -21,7 +21,17 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.openb import NODE_LIST, TRACES, arrivals, pin_models, pod_lists, read_nodes, read_pods
+from bench.openb import (
+    NODE_LIST,
+    TRACES,
+    NodeRow,
+    PodRow,
+    arrivals,
+    pin_models,
+    pod_lists,
+    read_nodes,
+    read_pods,
+)
 from gpudaemon.cluster.policies.registry import known_policies
 from tests.packing_replay import GPULESS, replay
 
@@ -39,11 +49,15 @@ class Replay:
 
 
 def run(
-    nodes_csv: Path, pods_csv: Path, seed: int, policy: str, gpuless: str, pin: float, name: str
+    rows: list[NodeRow],
+    pods: list[PodRow],
+    seed: int,
+    policy: str,
+    gpuless: str,
+    pin: float,
+    name: str,
 ) -> Replay:
     t0 = time.monotonic()
-    rows = read_nodes(nodes_csv)
-    pods = read_pods(pods_csv)
     if pin:
         pods = pin_models(pods, rows, pin)
     seq = arrivals(pods, seed, sum(n.gpus for n in rows))
@@ -80,17 +94,23 @@ def main() -> int:
     nodes = Path(args.nodes)
     if not nodes.is_file():
         ap.error(f"no node list {args.nodes!r}")
-    lists = pod_lists(args.lists, ap)
+    rows = read_nodes(nodes)
+    if not any(n.gpus > 0 for n in rows):
+        ap.error(f"node list {args.nodes!r}: no node with a GPU")
+    lists = {name: read_pods(path) for name, path in pod_lists(args.lists, ap).items()}
+    for name, pods in lists.items():
+        if not any(p.gpus > 0 for p in pods):
+            ap.error(f"pod list {name!r}: no pod asking for a GPU")
     print(
         "| list | seed | policy | gpuless_pods | unallocated % at 100% (130%) | skipped by 100% |"
     )
     print("|---|---|---|---|---|---|")
     out = []
-    for name, path in lists.items():
+    for name, pods in lists.items():
         for seed in seeds:
             for pol in policies:
                 for g in gpuless:
-                    r = run(nodes, path, seed, pol, g, args.pin, name)
+                    r = run(rows, pods, seed, pol, g, args.pin, name)
                     out.append(r)
                     print(
                         f"| {name} | {seed} | {pol} | {g} | {r.unallocated_pct_100:.2f} "

@@ -80,3 +80,36 @@ def test_bad_arguments_get_one_line(args: list[str], says: str) -> None:
     assert out.returncode == 2
     assert says in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("nodes", "pods", "says"),
+    [
+        ("n1,abc,1,1,T4\n", None, "row 2: bad or missing column"),
+        ("", None, "no node with a GPU"),
+        (None, "p0,1000,1024,0,0,\n", "no pod asking for a GPU"),
+        (None, "p0,1000\n", "row 2: bad or missing column"),
+    ],
+)
+def test_bad_lists_get_one_line(
+    tmp_path: Path, nodes: str | None, pods: str | None, says: str
+) -> None:
+    args = ["--seeds", "1"]
+    if nodes is not None:
+        (tmp_path / "nodes.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\n" + nodes)
+        args += ["--nodes", str(tmp_path / "nodes.csv"), "--lists", "multigpu50"]
+    if pods is not None:
+        (tmp_path / "pods.csv").write_text(
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n" + pods
+        )
+        args += ["--lists", str(tmp_path / "pods.csv")]
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.replay", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0
+    assert says in out.stderr
+    assert "Traceback" not in out.stderr
