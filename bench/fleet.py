@@ -16,7 +16,11 @@ After `--warmup` minutes (each node's one settling write of the annotation comes
     Node and Lease writes per node-hour, Node reads per node-minute;
   - the extender (`gpudaemon extender`, the default policy unless `--policy`) watching
     Nodes, Leases and pods: its RSS and CPU, and its /filter and /prioritize latency
-    (p50/p99) for a real pending pod over every node, asked twice a second;
+    (p50/p99) for a real pending pod over every node, asked twice a second by
+    bench/probe from a process of its own (in this one the agents' threads would hold
+    the client's GIL), which also reads the extender's /metrics every
+    `--scrape-every-s` (15 s, the chart's interval), as Prometheus does; beside them the
+    extender's own mean time per request, from its request-duration histogram;
   - the rebalancer (`gpudaemon rebalance`, dry run, a pass every 30 s) on the same
     watches: its RSS, CPU and mean pass time (its own pass-duration histogram);
   - then scheduler throughput: `--pods` one-GPU pods through kube-scheduler without the
@@ -25,7 +29,7 @@ After `--warmup` minutes (each node's one settling write of the annotation comes
     such pairs, the order alternating, each pair's ratio shown and the median taken.
 
   scripts/bench fleet [--sizes 1000,5000] [--minutes 4] [--warmup 5.5] [--pods 200]
-                      [--pairs 3] [--policy NAME]
+                      [--pairs 3] [--policy NAME] [--scrape-every-s 15]
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from loguru import logger
 from bench.extender import SCHED_CONFIG, cpu_s
 from bench.simagent import SimAgent
 from bench.table import print_table
+from gpudaemon.errors import KubeError
 from gpudaemon.kube.client import Credentials, KubeClient
 from gpudaemon.kube.lease import renew_period_s
 from tests.integration.kube.controlplane import RBAC, ControlPlane
@@ -58,6 +63,7 @@ from tests.support import REPO, free_port, scrape, tools_bin, wait_for
 
 ALLOC = {"nvidia.com/gpu": "8", "cpu": "224", "memory": "2Ti", "pods": "110"}
 LABELS_S = 30.0
+POD_PATH = "/api/v1/namespaces/default/pods"
 WRITE_VERBS = ("PATCH", "APPLY", "UPDATE", "POST", "CREATE")
 
 
@@ -158,26 +164,47 @@ class Fleet:
 
 
 class Latency:
-    """/filter and /prioritize for a real pending pod over every node, twice a second."""
+    """/filter and /prioritize for a real pending pod over every node, twice a second,
+    asked by bench/probe in a process of its own (this one runs the agents, whose
+    threads would hold the client's GIL and add their wait to the extender's)."""
 
-    def __init__(self, port: int, pod: dict[str, Any], names: list[str]) -> None:
-        self.port, self.body = port, orjson.dumps({"Pod": pod, "NodeNames": names})
-        self.times: dict[str, list[float]] = {"filter": [], "prioritize": []}
-        self.passed = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+    def __init__(
+        self, port: int, pod: dict[str, Any], names: list[str], workdir: Path, scrape_s: float
+    ) -> None:
+        self.port, self.scrape_s = port, scrape_s
+        self.body = workdir / "probe-body.json"
+        self.body.write_bytes(orjson.dumps({"Pod": pod, "NodeNames": names}))
+        self.times: dict[str, list[float]] = {"filter": [], "prioritize": [], "metrics": []}
+        self.passed = self.errors = 0
+        self.proc: subprocess.Popen[bytes] | None = None
 
-    def _run(self) -> None:
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        while not self.stop.wait(0.5):
-            for verb in ("filter", "prioritize"):
-                t = time.perf_counter()
-                c.request("POST", f"/{verb}", self.body, {"Content-Type": "application/json"})
-                r = c.getresponse()
-                data = r.read()
-                self.times[verb].append(time.perf_counter() - t)
-                if verb == "filter" and r.status == 200:
-                    self.passed = len(orjson.loads(data).get("NodeNames") or [])
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.probe", "--port", str(self.port),
+             "--body", str(self.body), "--scrape-every-s", str(self.scrape_s)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=60)
+        got = orjson.loads(out)
+        self.times = {v: got[v] for v in self.times}
+        self.passed, self.errors = got["passed"], got["errors"]
+
+
+def in_app_s(port: int) -> dict[str, tuple[float, float]]:
+    """Per verb, the extender's own (seconds, requests) so far from its request-duration
+    histogram: the time from the request read to the answer, without the wait for it."""
+    name = "gpudaemon_extender_request_duration_seconds"
+    url = f"http://127.0.0.1:{port}/metrics"
+    return {
+        v: (scrape(url, f"{name}_sum", verb=v), scrape(url, f"{name}_count", verb=v))
+        for v in ("filter", "prioritize")
+    }
 
 
 def main() -> int:
@@ -188,6 +215,13 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--pairs", type=int, default=3, help="throughput pairs, order alternating")
     ap.add_argument("--policy", default="", help="extender.policy (default: the product's)")
+    ap.add_argument(
+        "--scrape-every-s",
+        type=float,
+        default=15.0,
+        help="the extender's /metrics read this often during the window, as Prometheus "
+        "does (the chart's interval); 0: not at all",
+    )
     ap.add_argument(
         "--warmup",
         type=float,
@@ -332,7 +366,7 @@ def main() -> int:
             time.sleep(args.warmup * 60)  # past the start burst and the settling write
 
             all_names = [f"gpu-{i:05d}" for i in range(size)]
-            lat = Latency(ext_port, probe, all_names)
+            lat = Latency(ext_port, probe, all_names, cp.dir, args.scrape_every_s)
             counts0 = {
                 "node_reads": cp.requests("nodes", ("GET",)),
                 "node_writes": cp.requests("nodes", WRITE_VERBS),
@@ -341,14 +375,18 @@ def main() -> int:
             cpu0, w0 = cpu_s(ext.pid), time.monotonic()
             rb_cpu0, rb_pass0 = cpu_s(rb.pid), pass_times(rb_port)
             rss_max = rb_rss_max = 0.0
-            lat.thread.start()
+            app0 = in_app_s(ext_port)
+            lat.start()
             end = w0 + args.minutes * 60
             while time.monotonic() < end:
                 rss_max = max(rss_max, rss_mib(ext.pid))
                 rb_rss_max = max(rb_rss_max, rss_mib(rb.pid))
                 time.sleep(5)
-            lat.stop.set()
-            lat.thread.join(30)
+            lat.stop()
+            app1 = in_app_s(ext_port)
+            app_ms = {
+                v: (app1[v][0] - app0[v][0]) / max(1.0, app1[v][1] - app0[v][1]) * 1e3 for v in app0
+            }
             window = time.monotonic() - w0
             cpu = (cpu_s(ext.pid) - cpu0) / window * 100
             rb_cpu = (cpu_s(rb.pid) - rb_cpu0) / window * 100
@@ -370,14 +408,31 @@ def main() -> int:
                 bound: dict[str, float] = {}
                 done = threading.Event()
 
+                def seen(obj: dict[str, Any]) -> None:
+                    name = (obj.get("metadata") or {}).get("name")
+                    if (obj.get("spec") or {}).get("nodeName") and name not in bound:
+                        bound[name] = time.monotonic()
+                        if len(bound) >= len(pods):
+                            done.set()
+
                 def watch() -> None:
-                    q = {"labelSelector": f"bench-run={tag}"}
-                    for _kind, obj in admin.watch("/api/v1/namespaces/default/pods", rv, 600, q):
-                        if obj["spec"].get("nodeName") and obj["metadata"]["name"] not in bound:
-                            bound[obj["metadata"]["name"]] = time.monotonic()
-                            if len(bound) >= len(pods):
-                                done.set()
-                                return
+                    # Resumed where it ended: a stream the server closes or breaks must not
+                    # leave the run waiting for bindings it already made.
+                    q, path, since = {"labelSelector": f"bench-run={tag}"}, POD_PATH, rv
+                    while not done.is_set():
+                        try:
+                            for _kind, obj in admin.watch(path, since, 60, q):
+                                since = (obj.get("metadata") or {}).get("resourceVersion", since)
+                                seen(obj)
+                                if done.is_set():
+                                    return
+                        except KubeError as e:
+                            print(
+                                f"({tag}: watch ended: {e}; resumed from a list)", file=sys.stderr
+                            )
+                            items, since = admin.list_items(path, q)
+                            for obj in items:
+                                seen(obj)
 
                 threading.Thread(target=watch, daemon=True).start()
                 time.sleep(0.5)
@@ -400,7 +455,7 @@ def main() -> int:
                 got = {s: throughput(s, run) for s in (order if run % 2 == 0 else order[::-1])}
                 pairs.append((got["plain-scheduler"], got["gpudaemon-scheduler"]))
             ratios = sorted(w / p for p, w in pairs)
-            f, p = lat.times["filter"], lat.times["prioritize"]
+            f, p, m = lat.times["filter"], lat.times["prioritize"], lat.times["metrics"]
             rows.append(
                 (
                     size,
@@ -411,7 +466,10 @@ def main() -> int:
                     f"{cpu:.1f}",
                     f"{pct(f, 0.5) * 1e3:.1f} / {pct(f, 0.99) * 1e3:.1f}",
                     f"{pct(p, 0.5) * 1e3:.1f} / {pct(p, 0.99) * 1e3:.1f}",
+                    f"{app_ms['filter']:.1f} / {app_ms['prioritize']:.1f}",
+                    f"{pct(m, 0.5) * 1e3:.0f} / {max(m, default=0) * 1e3:.0f} ({len(m)})",
                     f"{lat.passed}",
+                    f"{lat.errors}",
                     " ".join(f"{p:.0f}" for p, _ in pairs),
                     " ".join(f"{w:.0f}" for _, w in pairs),
                     " ".join(f"{w / p:.2f}" for p, w in pairs),
@@ -445,7 +503,10 @@ def main() -> int:
             "extender CPU % of a core",
             "/filter p50 / p99 ms",
             "/prioritize p50 / p99 ms",
+            "in the extender, mean ms (/filter / /prioritize)",
+            "/metrics scrape p50 / max ms (scrapes)",
             "nodes /filter passes (candidates)",
+            "probe errors",
             "pods/s without extender (each pair)",
             "pods/s with extender",
             "ratio (each pair)",
