@@ -18,12 +18,15 @@
    scheduler in the pending cache (verified, as the real extender does), with and
    without the rebalancer's Lease holding live reservations, the requests of both
    interleaved in one run; p99 side by side and their ratio (target: within 2x).
+5. scrape: the extender's GET /metrics in process at 1,000 and 5,000 nodes, the
+   per-node families through prometheus-client (as before) against
+   NodeCollector.render (now), text and OpenMetrics, checked to be the same bytes.
 
   scripts/bench extender [--quick] [--requests 300] [--pods 1000] [--rounds 3]
                  [--candidates N] [--sizes 100,1000,5000] [--policies fragmentation,...]
                  [--events-per-s N]
                  [--no-cluster | --cluster-only | --reservations-only | --dra-only
-                  | --latency-only]
+                  | --latency-only | --scrape-only]
 
 `--events-per-s N` measures each latency row again while N agents' watch events a second
 (a Node's `gpus` annotation moved, a Lease renewed, in turn; each decoded from JSON on
@@ -57,12 +60,14 @@ from bench.table import print_table
 from gpudaemon.agent.cache import Cache
 from gpudaemon.backends.simulated import SimulatedBackend, load_profile
 from gpudaemon.cluster.clusterstate import ClusterState
+from gpudaemon.cluster.policies import BinPack
 from gpudaemon.cluster.policies.fragmentation import Fragmentation
 from gpudaemon.cluster.reservations import LeaseReservations, Reservation, encode
 from gpudaemon.cluster.state import PodShape
 from gpudaemon.config import load_config
 from gpudaemon.extender.api import ExtenderApi
 from gpudaemon.extender.app import make_policies
+from gpudaemon.extender.metrics import NodeCollector
 from gpudaemon.extender.pods import PendingPods, PodVerifier
 from gpudaemon.httpserver import HttpServer
 from gpudaemon.labels import NodeLabeler
@@ -281,6 +286,61 @@ def bench_latency(
         ["nodes", "policy", "verb", "events/s", "p50 ms", "p99 ms", "max ms", "body KiB"],
         rows,
     )
+
+
+# -- 5. scrape -------------------------------------------------------------------------
+
+
+def drop_created(body: bytes) -> bytes:
+    return b"\n".join(line for line in body.split(b"\n") if b"_created" not in line)
+
+
+def bench_scrape(sizes: list[int], rounds: int) -> None:
+    """GET /metrics of the extender's app in process, the per-node families written by
+    prometheus-client (the collector registered like any other, as before) against
+    NodeCollector.render (the extender now), text and OpenMetrics, alternating; the
+    median of `rounds` each. Both answers are the same bytes."""
+    rows = []
+    for n in sizes:
+        cluster = filled_cluster(n, random.Random(1))
+        before_reg, now_reg = CollectorRegistry(), CollectorRegistry()
+        apis = {
+            "prometheus-client": ExtenderApi(
+                cluster, {"binpack": BinPack()}, "binpack", before_reg, lambda: (True, "ok")
+            ),
+            "NodeCollector.render": ExtenderApi(
+                cluster,
+                {"binpack": BinPack()},
+                "binpack",
+                now_reg,
+                lambda: (True, "ok"),
+                nodes=NodeCollector(cluster),
+            ),
+        }
+        before_reg.register(NodeCollector(cluster))  # after the API's own: the same order
+        for fmt, accept in (("text", ""), ("OpenMetrics", "application/openmetrics-text")):
+            times: dict[str, list[float]] = {k: [] for k in apis}
+            bodies: dict[str, bytes] = {}
+            for _ in range(rounds):
+                for name, api in apis.items():
+                    env = {"PATH_INFO": "/metrics", "REQUEST_METHOD": "GET", "QUERY_STRING": "",
+                           "HTTP_ACCEPT": accept}  # fmt: skip
+                    t0 = time.perf_counter()
+                    bodies[name] = b"".join(api(env, lambda s, h: None))
+                    times[name].append((time.perf_counter() - t0) * 1000)
+            # The same bytes but for the `_created` times of two registries' counters.
+            same = len({drop_created(b) for b in bodies.values()}) == 1
+            med = {k: statistics.median(v) for k, v in times.items()}
+            a, b = med["prometheus-client"], med["NodeCollector.render"]
+            kib = len(bodies["NodeCollector.render"]) >> 10
+            same_text = "yes" if same else "NO"
+            rows.append([f"{n}", fmt, f"{a:.1f}", f"{b:.1f}", f"{a / b:.1f}x", f"{kib}", same_text])
+    table(
+        f"scrape: the extender's GET /metrics in process, median of {rounds}",
+        ["nodes", "format", "prometheus-client ms", "render ms", "faster", "KiB", "same bytes"],
+        rows,
+    )
+    print("same bytes: but for the `_created` times of the two registries' own counters")
 
 
 # -- 3. cluster -------------------------------------------------------------------------
@@ -703,6 +763,7 @@ def main() -> int:
     dra_help = "only the DRA rows and the device-plugin rows of their policies"
     ap.add_argument("--dra-only", action="store_true", help=dra_help)
     ap.add_argument("--latency-only", action="store_true", help="only part 2, no DRA rows")
+    ap.add_argument("--scrape-only", action="store_true", help="only part 5 (--sizes)")
     ap.add_argument("--sizes", default="100,1000,5000", help="nodes per latency row")
     ap.add_argument("--policies", default="", help="latency rows of these policies only")
     ap.add_argument("--events-per-s", type=float, default=0.0, help="watch events a second")
@@ -728,10 +789,14 @@ def main() -> int:
     if args.reservations_only:
         bench_reservations(5000, 20_000, [16, 256], reqs, cand)
         return 0
+    if args.scrape_only:
+        bench_scrape([int(x) for x in args.sizes.split(",")], 3 if args.quick else 7)
+        return 0
     if not args.cluster_only:
         bench_codec()
         bench_latency([100, 1000, 5000], reqs)
         bench_reservations(5000, 20_000, [16, 256], reqs, cand)
+        bench_scrape([1000, 5000], 3 if args.quick else 7)
     if not args.no_cluster:
         ext_config = {} if args.candidates is None else {"candidates": args.candidates}
         bench_cluster(args.pods, 0 if args.quick else 4500, args.rounds, ext_config, args.unbatched)

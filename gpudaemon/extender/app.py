@@ -143,10 +143,10 @@ class Extender:
             verifier=self.verifier,
             reservations=self.reservations,
             plugins=ext.plugins,
+            nodes=NodeCollector(self.cluster),  # /metrics adds them, rendered fast
         )
         self.registry.register(ReservationCollector(self.reservations))
         self.registry.register(CacheCollector(self.sizes, self.cache_ages))
-        self.registry.register(NodeCollector(self.cluster))
         self.registry.register(DraCollector("extender", self.cluster.dra_counts))
         self.registry.register(
             BadDataCollector("extender", self.cluster.bad_counts, self.runner.handler_errors)

@@ -15,8 +15,9 @@ clients*.
 
 Modules: `server.py` (HttpServer: bind, serve, stop), `limits.py` (the time-outs, the
 connection limit and the body budget on waitress's loop), `tls.py` (mutual TLS in memory
-on that loop), `listen.py` (the listen-address parser the config shares) and
-`responses.py` (the probe and plain-text answers).
+on that loop), `listen.py` (the listen-address parser the config shares),
+`responses.py` (the probe and plain-text answers) and `exposition.py` (/metrics, with
+a fast path for the biggest families).
 """
 
 from gpudaemon.httpserver.limits import HANDSHAKE_TIMEOUT_S, BodyBudget

@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry
 
 from gpudaemon.httpserver import Readiness, StartResponse, WsgiApp, probe_response, text_response
+from gpudaemon.httpserver.exposition import Render, metrics_app
 from gpudaemon.kube.informer import Reflector
 
 NOT_FOUND = "not found: try /metrics, /healthz, /readyz\n"
@@ -30,17 +31,23 @@ class Server(Protocol):
 
 
 def observability_app(
-    registry: CollectorRegistry, ready: Readiness, not_found: str = NOT_FOUND
+    registry: CollectorRegistry,
+    ready: Readiness,
+    not_found: str = NOT_FOUND,
+    *,
+    head: CollectorRegistry | None = None,
+    render: Render | None = None,
 ) -> WsgiApp:
-    """/metrics (prometheus-client's WSGI app: text or OpenMetrics by the Accept
-    header, gzip by Accept-Encoding, `?name[]=` filtering), /healthz and /readyz; 404
-    with `not_found` for anything else."""
-    metrics = make_wsgi_app(registry)
+    """/metrics (text or OpenMetrics by the Accept header, gzip by Accept-Encoding,
+    `?name[]=` filtering; with `head` and `render`, one big collector's families
+    encoded by `render` rather than by prometheus-client: httpserver/exposition.py),
+    /healthz and /readyz; 404 with `not_found` for anything else."""
+    metrics = metrics_app(registry, head, render)
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
-            return metrics(environ, start_response)  # type: ignore[no-any-return]
+            return metrics(environ, start_response)
         probe = probe_response(path, ready, start_response)
         if probe is not None:
             return probe

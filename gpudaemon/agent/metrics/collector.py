@@ -16,8 +16,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpudaemon.agent.cache import Cache
-from gpudaemon.agent.metrics.exposition import encode_families
 from gpudaemon.catalogue import CATALOGUE, PREFIX, MigValue, Series
+from gpudaemon.httpserver.exposition import encode_families
 from gpudaemon.model import GpuInfo, GpuSample, PodMap, Snapshot
 
 _NO_POD = ("", "", "")

@@ -5,7 +5,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import generate_latest as text_latest
 from prometheus_client.openmetrics.exposition import generate_latest as om_latest
 
-from gpudaemon.agent.metrics.exposition import encode_families
+from gpudaemon.httpserver.exposition import encode_families
 
 
 class Families:
