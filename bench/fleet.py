@@ -178,19 +178,28 @@ class Latency:
         self.passed = self.errors = 0
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self) -> subprocess.Popen[bytes]:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.probe", "--port", str(self.port),
              "--body", str(self.body), "--scrape-every-s", str(self.scrape_s)],
             cwd=REPO,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )  # fmt: skip
+        return self.proc
 
     def stop(self) -> None:
+        """Closing its stdin stops the probe (so does this process's end, however it
+        ends); then its figures."""
         if self.proc is None:
             return
-        self.proc.terminate()
-        out, _ = self.proc.communicate(timeout=60)
+        try:
+            out, _ = self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise SystemExit("bench/probe did not stop within 60 s") from None
+        if not out:
+            raise SystemExit(f"bench/probe ended with {self.proc.returncode} and no figures")
         got = orjson.loads(out)
         self.times = {v: got[v] for v in self.times}
         self.passed, self.errors = got["passed"], got["errors"]
@@ -198,9 +207,10 @@ class Latency:
 
 def in_app_s(port: int) -> dict[str, tuple[float, float]]:
     """Per verb, the extender's own (seconds, requests) so far from its request-duration
-    histogram: the time from the request read to the answer, without the wait for it."""
+    histogram: the time from the request read to the answer, without the wait for it.
+    One small filtered read, taken outside the measured window."""
     name = "gpudaemon_extender_request_duration_seconds"
-    url = f"http://127.0.0.1:{port}/metrics"
+    url = f"http://127.0.0.1:{port}/metrics?name[]={name}_sum&name[]={name}_count"
     return {
         v: (scrape(url, f"{name}_sum", verb=v), scrape(url, f"{name}_count", verb=v))
         for v in ("filter", "prioritize")
@@ -372,24 +382,24 @@ def main() -> int:
                 "node_writes": cp.requests("nodes", WRITE_VERBS),
                 "lease_writes": cp.requests("leases", WRITE_VERBS),
             }
+            app0 = in_app_s(ext_port)
             cpu0, w0 = cpu_s(ext.pid), time.monotonic()
             rb_cpu0, rb_pass0 = cpu_s(rb.pid), pass_times(rb_port)
             rss_max = rb_rss_max = 0.0
-            app0 = in_app_s(ext_port)
-            lat.start()
+            procs.append(lat.start())
             end = w0 + args.minutes * 60
             while time.monotonic() < end:
                 rss_max = max(rss_max, rss_mib(ext.pid))
                 rb_rss_max = max(rb_rss_max, rss_mib(rb.pid))
                 time.sleep(5)
             lat.stop()
+            window = time.monotonic() - w0
+            cpu = (cpu_s(ext.pid) - cpu0) / window * 100
+            rb_cpu = (cpu_s(rb.pid) - rb_cpu0) / window * 100
             app1 = in_app_s(ext_port)
             app_ms = {
                 v: (app1[v][0] - app0[v][0]) / max(1.0, app1[v][1] - app0[v][1]) * 1e3 for v in app0
             }
-            window = time.monotonic() - w0
-            cpu = (cpu_s(ext.pid) - cpu0) / window * 100
-            rb_cpu = (cpu_s(rb.pid) - rb_cpu0) / window * 100
             rb_pass = pass_times(rb_port)
             rb_passes = rb_pass[1] - rb_pass0[1]
             rb_pass_ms = (rb_pass[0] - rb_pass0[0]) / rb_passes * 1e3 if rb_passes else 0.0
@@ -430,7 +440,11 @@ def main() -> int:
                             print(
                                 f"({tag}: watch ended: {e}; resumed from a list)", file=sys.stderr
                             )
-                            items, since = admin.list_items(path, q)
+                            try:
+                                items, since = admin.list_items(path, q)
+                            except KubeError:
+                                time.sleep(1)  # and again
+                                continue
                             for obj in items:
                                 seen(obj)
 

@@ -1,5 +1,6 @@
 """bench/probe: /filter and /prioritize round trips to an extender, twice a second, from
-a process of its own, until SIGTERM; then the times as JSON on stdout. With
+a process of its own, until its stdin ends (the bench closes it, or the bench ended);
+then the times as JSON on stdout. With
 `--scrape-every-s S` it also reads the extender's /metrics every S seconds on a
 connection of its own, as Prometheus does in production (the scrape's time is reported
 too): the per-node series make a scrape the extender's longest request.
@@ -16,12 +17,10 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import signal
 import sys
 import threading
 import time
 from pathlib import Path
-from types import FrameType
 
 import orjson
 
@@ -51,10 +50,11 @@ def main() -> int:
     body = args.body.read_bytes()
     stop = threading.Event()
 
-    def on_term(_sig: int, _frame: FrameType | None) -> None:
+    def until_stdin_ends() -> None:
+        sys.stdin.buffer.read()
         stop.set()
 
-    signal.signal(signal.SIGTERM, on_term)
+    threading.Thread(target=until_stdin_ends, daemon=True).start()
     times: dict[str, list[float]] = {v: [] for v in (*VERBS, "metrics")}
     passed, errors = 0, 0
     if args.scrape_every_s > 0:

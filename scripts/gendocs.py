@@ -183,18 +183,29 @@ def _has_key(model: type[BaseModel], key: str) -> bool:
 # -- metrics -----------------------------------------------------------------------------
 
 
+def _declared(registry: Any) -> dict[str, tuple[str, ...]]:
+    """Family name -> label names of the metric objects registered, registries inside
+    the registry included (the extender serves its own inside one with the per-node
+    collector)."""
+    declared: dict[str, tuple[str, ...]] = {}
+    for collector, names in getattr(registry, "_collector_to_names", {}).items():
+        if hasattr(collector, "_collector_to_names"):
+            declared |= _declared(collector)
+        for n in names:
+            declared[n] = tuple(getattr(collector, "_labelnames", ()))
+    return declared
+
+
 def _families(
     registry: Any, extra_labels: dict[str, set[str]] | None = None
 ) -> list[tuple[str, str, str, list[str]]]:
     """(name, type, help, label names) of every family a registry yields. Label names
     come from samples, from the metric object when it has none yet, or `extra_labels`."""
-    declared: dict[str, tuple[str, ...]] = {}
-    for collector, names in getattr(registry, "_collector_to_names", {}).items():
-        for n in names:
-            declared[n] = tuple(getattr(collector, "_labelnames", ()))
+    declared = _declared(registry)
     out = []
     for fam in registry.collect():
         labels = {k for s in fam.samples for k in s.labels if k not in ("le", "quantile")}
+        labels |= set(getattr(fam, "_labelnames", ()))  # a custom collector's families
         labels |= set(declared.get(fam.name, ())) | set(declared.get(fam.name + "_total", ()))
         labels |= (extra_labels or {}).get(fam.name, set())
         name = fam.name + ("_total" if fam.type == "counter" else "")
@@ -263,7 +274,7 @@ def metrics() -> str:
         ("The agent's own metrics", own, "`gpudaemon run`, `:9445/metrics`"),
         (
             "The extender's metrics",
-            _families(ext.registry, cache_labels),
+            _families(ext.api.served, cache_labels),
             "`gpudaemon extender`, `:9446/metrics`",
         ),
         (

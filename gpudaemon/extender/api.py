@@ -130,13 +130,14 @@ class ExtenderApi:
         self.clock = clock
         self._bug_log = LogLimiter(60.0)  # a traceback per kind of failure per minute
         # /metrics, /healthz, /readyz: served as the rebalancer serves them (kube.runner).
-        served = registry
-        if nodes is not None:  # every series, for `?name[]=` and any other query
-            served = CollectorRegistry()
-            served.register(registry)
-            served.register(nodes)
+        # Every series /metrics serves (`?name[]=` and any other query read it whole).
+        self.served = registry
+        if nodes is not None:
+            self.served = CollectorRegistry()
+            self.served.register(registry)
+            self.served.register(nodes)
         self._observe = observability_app(
-            served,
+            self.served,
             lambda: self.ready(),  # read at each request: the wiring may swap it
             "not found: try POST /filter, POST /prioritize, /healthz, /readyz, /metrics\n",
             head=registry if nodes is not None else None,

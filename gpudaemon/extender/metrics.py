@@ -125,7 +125,7 @@ class NodeCollector(Collector):
 
     def render(self, openmetrics: bool) -> bytes:
         """collect()'s families as exposition text, byte for byte what prometheus-client
-        writes for them (tests/unit/test_extender_metrics.py), without a sample object
+        writes for them (tests/unit/extender/test_node_metrics.py), without a sample object
         or a label formatted per series: each node's name is escaped once."""
         gpus_head, fresh_head = (encode_families((fam,), openmetrics) for fam in self._families())
         values: dict[float, str] = {}

@@ -18,7 +18,7 @@ from urllib.parse import parse_qs
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import Metric
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.utils import floatToGoString
 
 from gpudaemon.httpserver.responses import StartResponse, WsgiApp
@@ -83,10 +83,16 @@ def metrics_app(
     slow = make_wsgi_app(registry)
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD", "GET") != "GET":  # 405 (OPTIONS: 200), as before
+            return slow(environ, start_response)  # type: ignore[no-any-return]
         names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
-        if names and environ.get("REQUEST_METHOD", "GET") == "GET":
+        if names:
             return _filtered_metrics(registry, set(names), environ, start_response)
-        if head is None or render is None or environ.get("QUERY_STRING"):
+        _, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
+        # Names escaped with dots (Prometheus 3's `metric_name_escaping_scheme: dots`) are
+        # prometheus-client's to write: the fast encoders write names as they are.
+        dots = "escaping=dots" in content_type
+        if head is None or render is None or environ.get("QUERY_STRING") or dots:
             return slow(environ, start_response)  # type: ignore[no-any-return]
         return _fast_metrics(head, render, environ, start_response)
 
@@ -111,7 +117,7 @@ def _send_metrics(
     body: bytes, content_type: str, environ: dict[str, Any], start_response: StartResponse
 ) -> list[bytes]:
     headers = [("Content-Type", content_type)]
-    if "gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""):
+    if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
         body = gzip.compress(body)
         headers.append(("Content-Encoding", "gzip"))
     headers.append(("Content-Length", str(len(body))))

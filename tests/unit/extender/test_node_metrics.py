@@ -139,3 +139,61 @@ def test_a_plain_scrape_renders_the_node_families_without_collecting_them() -> N
         _, body = get(api, **headers)
         text = gzip.decompress(body) if headers.get("accept_encoding") else body
         assert text.count(b"gpudaemon_extender_node_fresh{") == 6
+
+
+def slow_answer(full: CollectorRegistry, env: dict[str, Any]) -> tuple[str, dict[str, str], bytes]:
+    """What prometheus-client's own app answers for every series."""
+    from prometheus_client import make_wsgi_app
+
+    got: dict[str, Any] = {}
+    body = b"".join(make_wsgi_app(full)(env, lambda s, h: got.update(s=s, h=dict(h))))
+    return got["s"], got["h"], body
+
+
+def request(method: str, **headers: str) -> dict[str, Any]:
+    return {
+        "PATH_INFO": "/metrics",
+        "REQUEST_METHOD": method,
+        "QUERY_STRING": "",
+        "wsgi.input": io.BytesIO(b""),
+        **{f"HTTP_{k.upper()}": v for k, v in headers.items()},
+    }
+
+
+@pytest.mark.parametrize("method", ["HEAD", "POST", "PUT", "OPTIONS"])
+def test_methods_other_than_get_are_answered_as_prometheus_client_answers_them(
+    method: str,
+) -> None:
+    """405 with `Allow` (OPTIONS: 200, empty): no scrape's worth of work for them."""
+    api, full = api_and_full_registry()
+    got: dict[str, Any] = {}
+    body = b"".join(api(request(method), lambda s, h: got.update(s=s, h=dict(h))))
+    want_status, want_headers, want_body = slow_answer(full, request(method))
+    assert (got["s"], body) == (want_status, want_body)
+    assert got["h"].get("Allow") == want_headers.get("Allow")
+    assert b"gpudaemon_extender_node_fresh" not in body
+
+
+@pytest.mark.parametrize(
+    "accept",
+    [
+        "text/plain; version=1.0.0; escaping=dots",
+        "application/openmetrics-text; version=1.0.0; escaping=dots",
+        "application/openmetrics-text; version=1.0.0; escaping=allow-utf-8",
+        "text/plain; version=1.0.0; escaping=values",
+    ],
+)
+def test_every_escaping_scheme_prometheus_may_ask_for_gives_its_bytes(accept: str) -> None:
+    """Prometheus 3 may ask for names escaped with dots; only prometheus-client writes
+    those, so such a scrape takes its path, and one body never mixes two schemes."""
+    api, full = api_and_full_registry()
+    _, body = get(api, accept=accept)
+    assert body == slow_answer(full, request("GET", accept=accept))[2]
+
+
+@pytest.mark.parametrize(("encoding", "gzipped"), [("GZIP", True), ("br, gzip;q=0.5", True),
+                                                    ("x-gzip", False), ("identity", False)])  # fmt: skip
+def test_gzip_is_negotiated_as_prometheus_client_does(encoding: str, gzipped: bool) -> None:
+    api, _ = api_and_full_registry()
+    headers, _ = get(api, accept_encoding=encoding)
+    assert (headers.get("Content-Encoding") == "gzip") is gzipped
