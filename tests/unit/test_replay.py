@@ -59,6 +59,17 @@ def test_pods_asking_for_no_gpu_go_to_the_full_node_first() -> None:
     assert 50.0 in outcomes  # the rule is what made the difference
 
 
+def run_replay(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """`python -m bench.replay ARGS` as a user runs it (tests do not import bench/)."""
+    return subprocess.run(
+        [sys.executable, "-m", "bench.replay", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
@@ -70,13 +81,7 @@ def test_pods_asking_for_no_gpu_go_to_the_full_node_first() -> None:
     ],
 )
 def test_bad_arguments_get_one_line(args: list[str], says: str) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.replay", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_replay(args)
     assert out.returncode == 2
     assert says in out.stderr
     assert "Traceback" not in out.stderr
@@ -103,13 +108,7 @@ def test_bad_lists_get_one_line(
             "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n" + pods
         )
         args += ["--lists", str(tmp_path / "pods.csv")]
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.replay", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_replay(args)
     assert out.returncode != 0
     assert says in out.stderr
     assert "Traceback" not in out.stderr

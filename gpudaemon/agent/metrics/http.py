@@ -5,14 +5,13 @@ gpudaemon.httpserver."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from gpudaemon import httpserver
 from gpudaemon.agent.metrics.collector import GpuCollector
-from gpudaemon.httpserver import Readiness, StartResponse, probe_response, text_response
-from gpudaemon.httpserver.exposition import metrics_app
+from gpudaemon.httpserver import Readiness
+from gpudaemon.kube.runner import observability_app
 
 
 def make_app(
@@ -23,21 +22,10 @@ def make_app(
 ) -> Callable[..., Iterable[bytes]]:
     """`registry` holds every series. With `gpus` and `head` (every series but the
     GPU collector's), /metrics encodes `head` and appends the GPU collector's cached
-    per-snapshot bytes instead of re-encoding every GPU series on every scrape."""
-    metrics = metrics_app(registry, head, gpus.render_gpus if gpus is not None else None)
-
-    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "/")
-        if path == "/metrics":
-            return metrics(environ, start_response)
-        probe = probe_response(path, ready, start_response)
-        if probe is not None:
-            return probe
-        return text_response(
-            start_response, "404 Not Found", "not found: try /metrics, /healthz, /readyz\n"
-        )
-
-    return app
+    per-snapshot bytes instead of re-encoding every GPU series on every scrape. The
+    routes are the extender's and the rebalancer's (kube/runner.py)."""
+    render = gpus.render_gpus if gpus is not None else None
+    return observability_app(registry, ready, head=head, render=render)
 
 
 class HttpServer(httpserver.HttpServer):
